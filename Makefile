@@ -1,0 +1,47 @@
+# depthscope: set-up, run, test, lint, bench. Every target creates the virtual environment
+# when it is missing. torch==2.13.0 is installed before the project: with no torch present,
+# the project's torch range would otherwise pull a multi-GB CUDA build.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_VERSION ?= 2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast lint typecheck bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+# The main job. For now: price a few architectures (every residual variant side by side)
+# with the analytic cost model.
+demo: setup
+	$(VENV)/bin/depthscope cost --n-layers 16 --d-model 1024 --n-heads 16 --seq-len 4096 \
+		--dtype bfloat16 --variant baseline,full_attnres,block_attnres,mhc_lite,denseformer \
+		--block-size 8 --tp 2 --pp 4 --vpp 2 --microbatches 16 --hardware h100
+
+# The whole suite but GPU-only tests. pytest's exit code 5 (nothing collected) is a failure.
+test: setup
+	@$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
+	exit $$rc
+
+test-fast: setup
+	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) bench/cost_model.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

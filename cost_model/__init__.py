@@ -1,0 +1,93 @@
+"""depthscope's analytic cost model: pure functions of an architecture, a workload, a
+parallel layout and a hardware preset, returning typed results in explicit units.
+
+Standard library and numpy only: no torch, ray, database or web imports (enforced by a test).
+"""
+
+from cost_model._config import (
+    ATTNRES_VARIANTS,
+    DTYPE_BYTES,
+    FULL_ATTNRES_FAMILY,
+    MLP_KINDS,
+    NORM_KINDS,
+    POSITION_KINDS,
+    VARIANTS,
+    ArchConfig,
+    ArchConfigError,
+    ArchGrid,
+    CostInputError,
+)
+from cost_model._workload import RECOMPUTE_MODES, Parallelism, Workload
+from cost_model.budget import (
+    ShapePoint,
+    flops_for_tokens,
+    shape_grid,
+    tokens_for_budget,
+    width_for_params,
+)
+from cost_model.comm import PipelineComm, pipeline_comm
+from cost_model.flops import (
+    FlopsBreakdown,
+    decode_flops_per_token,
+    forward_flops_per_token,
+    prefill_flops,
+    training_flops_per_token,
+)
+from cost_model.hardware import PRESETS, Hardware, get_hardware
+from cost_model.io import ResidualIO, residual_io
+from cost_model.memory import (
+    ActivationSettings,
+    InferenceMemory,
+    TrainingMemory,
+    inference_memory,
+    training_memory,
+)
+from cost_model.params import ParamCount, param_count
+from cost_model.report import METRICS, CostReport, GridPrices, price, price_grid, price_many
+
+__all__ = [
+    "ATTNRES_VARIANTS",
+    "DTYPE_BYTES",
+    "FULL_ATTNRES_FAMILY",
+    "METRICS",
+    "MLP_KINDS",
+    "NORM_KINDS",
+    "POSITION_KINDS",
+    "PRESETS",
+    "RECOMPUTE_MODES",
+    "VARIANTS",
+    "ActivationSettings",
+    "ArchConfig",
+    "ArchConfigError",
+    "ArchGrid",
+    "CostInputError",
+    "CostReport",
+    "FlopsBreakdown",
+    "GridPrices",
+    "Hardware",
+    "InferenceMemory",
+    "Parallelism",
+    "ParamCount",
+    "PipelineComm",
+    "ResidualIO",
+    "ShapePoint",
+    "TrainingMemory",
+    "Workload",
+    "decode_flops_per_token",
+    "flops_for_tokens",
+    "forward_flops_per_token",
+    "get_hardware",
+    "inference_memory",
+    "param_count",
+    "pipeline_comm",
+    "prefill_flops",
+    "price",
+    "price_grid",
+    "price_many",
+    "residual_io",
+    "shape_grid",
+    "tokens_for_budget",
+    "training_flops_per_token",
+    "training_memory",
+    "width_for_params",
+]

@@ -1,0 +1,140 @@
+"""Floating-point operations per token.
+
+Convention: a multiply-add counts 2 FLOPs; only matrix products and the depth contractions
+(weighted sums and logits over depth sources) are counted. Element-wise work (norms,
+activations, softmax, residual adds, RoPE) is left out, as in Kaplan et al. 2020 (arXiv
+2001.08361, Table 1) and Chinchilla (arXiv 2203.15556, App. F). This is also what
+`torch.utils.flop_counter.FlopCounterMode` counts, so the two can be compared term by term.
+
+The backward pass costs twice the forward (one product for the input gradient, one for the
+weight gradient), so a training step is 3× the forward: training ≈ 6·N·D + the attention term.
+
+All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cost_model._config import FULL_ATTNRES_FAMILY, _Derived
+from cost_model.depth import aggregation_sources, attended_sources_total
+from cost_model.params import mhc_coefficient_count
+
+BACKWARD_FACTOR = 2  # backward = 2 × forward for every matrix product
+
+
+@dataclass(frozen=True)
+class FlopsBreakdown:
+    """Forward FLOPs per token, per component."""
+
+    attention_proj_flops: Any  # Q, K, V, O projections
+    attention_core_flops: Any  # Q·Kᵀ and A·V: the term quadratic in the context
+    mlp_flops: Any
+    lm_head_flops: Any
+    depth_mixing_flops: Any  # residual wiring: depth attention, mHC mixing, DWA
+
+    @property
+    def total_flops(self) -> Any:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    @property
+    def static_flops(self) -> Any:
+        """Everything that does not depend on the attended context."""
+        return self.total_flops - self.attention_core_flops
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["total_flops"] = self.total_flops
+        return out
+
+
+def attention_core_flops_per_token(cfg: _Derived, attended: Any) -> Any:
+    """Q·Kᵀ (2·attended·d) and A·V (2·attended·d) per block: 4·L_b·attended·d.
+
+    `attended` is the number of positions one query attends to. Training on full sequences
+    with the product computed as a dense s×s matrix (what a FLOP counter sees) uses
+    attended = s; the useful causal work averages (s + 1)/2."""
+    return 4 * cfg.n_layers * attended * cfg.d_model
+
+
+def depth_mixing_flops_per_token(cfg: _Derived) -> Any:
+    """Forward FLOPs per token of the residual wiring.
+
+    - AttnRes (Full, Block, ablations): a sublayer over k sources costs 2·k·d for the logits
+      w_lᵀ·RMSNorm(v_i) and 2·k·d for the weighted sum: 4·d·Σk, with Σk = L(L+1)/2 for Full
+      (O(L²·d)) and O(L·N) for Block, plus the output aggregation over its L + 1 or N + 1
+      sources. The input-dependent query adds its d×d projection: 2·d² per sublayer.
+    - mHC-lite, n streams, k = 2n + n! coefficients: projection 2·n·d·k, H_pre read-out 2·n·d,
+      H_res mixing 2·n²·d, H_post write-back 2·n·d per sublayer; the n!·n² permutation mix is
+      per token too and included.
+    - DenseFormer: after block i, a weighted sum over i + 1 sources: Σ 2(i+1)·d = d·L_b(L_b+3).
+    """
+    d, sub, v = cfg.d_model, cfg.n_sublayers, cfg.variant
+    if v in FULL_ATTNRES_FAMILY or v == "block_attnres":
+        mixing = 4 * d * (attended_sources_total(cfg) + aggregation_sources(cfg))
+        if v == "attnres_input_query":
+            mixing = mixing + 2 * d * d * sub
+        return mixing
+    if v == "mhc_lite":
+        n = cfg.streams
+        k = mhc_coefficient_count(n)
+        per_sublayer = (
+            2 * n * d * k + 2 * n * d + 2 * n * n * d + 2 * n * d + (k - 2 * n) * n * n * 2
+        )
+        return per_sublayer * sub
+    if v == "denseformer":
+        return d * cfg.n_layers * (cfg.n_layers + 3)
+    return 0 * d
+
+
+def _mlp_flops_per_block(cfg: _Derived) -> Any:
+    mats = 3 if cfg.mlp == "swiglu" else 2
+    return 2 * mats * cfg.d_model * cfg.ffn_dim
+
+
+def forward_flops_per_token(
+    cfg: _Derived, attended: Any = None, causal: bool = False
+) -> FlopsBreakdown:
+    """Forward FLOPs for one token of a training sequence of `cfg.seq_len` tokens.
+
+    `attended` overrides the attended length; by default it is seq_len (dense s×s product,
+    the standard count 24·h² + 4·s·h per layer of Narayanan et al. 2021 per token) or, with
+    `causal`, the causal average (seq_len + 1)/2 (Kaplan et al.'s 2·n_layer·n_ctx·d_attn)."""
+    if attended is None:
+        attended = (cfg.seq_len + 1) / 2 if causal else cfg.seq_len
+    proj_weights = 2 * cfg.d_model * cfg.d_model + 2 * cfg.d_model * cfg.kv_dim
+    return FlopsBreakdown(
+        attention_proj_flops=2 * cfg.n_layers * proj_weights,
+        attention_core_flops=attention_core_flops_per_token(cfg, attended),
+        mlp_flops=cfg.n_layers * _mlp_flops_per_block(cfg),
+        lm_head_flops=2 * cfg.d_model * cfg.vocab_size,
+        depth_mixing_flops=depth_mixing_flops_per_token(cfg),
+    )
+
+
+def training_flops_per_token(cfg: _Derived, attended: Any = None, causal: bool = False) -> Any:
+    """Forward + backward FLOPs per trained token: (1 + 2) × forward."""
+    return (1 + BACKWARD_FACTOR) * forward_flops_per_token(cfg, attended, causal).total_flops
+
+
+def train_step_flops(cfg: _Derived, tokens: Any, causal: bool = False) -> Any:
+    """FLOPs of training on `tokens` tokens (sequences of cfg.seq_len)."""
+    return tokens * training_flops_per_token(cfg, causal=causal)
+
+
+def prefill_flops(cfg: _Derived, tokens: Any) -> Any:
+    """Forward FLOPs of a causal prefill of `tokens` tokens, logits for the last one only.
+
+    Token t (1-based) attends to t positions, so the attention term sums to
+    4·L_b·d·Σt = 2·L_b·d·T(T+1); the rest is per token."""
+    fwd = forward_flops_per_token(cfg, attended=0)
+    per_token = fwd.total_flops - fwd.lm_head_flops
+    core = 2 * cfg.n_layers * cfg.d_model * tokens * (tokens + 1)
+    return tokens * per_token + core + fwd.lm_head_flops
+
+
+def decode_flops_per_token(cfg: _Derived, context: Any) -> Any:
+    """Forward FLOPs of decoding one token that attends to `context` cached positions
+    (itself included), with a KV cache."""
+    return forward_flops_per_token(cfg, attended=context).total_flops

@@ -1,0 +1,310 @@
+"""Training and inference memory, in bytes.
+
+Training activations follow Korthikanti et al. 2022, *Reducing Activation Recomputation in
+Large Transformer Models* (arXiv 2205.05198), §4: with 16-bit activations, 1-byte dropout
+masks and an unfused attention, one Transformer block saves s·b·h·(34 + 5·a·s/h) bytes. The
+formula here is written term by term so that it also covers other settings (fp32, no dropout,
+fused attention, grouped KV heads, SwiGLU, norm statistics) and reduces to theirs.
+
+All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from cost_model._config import ATTNRES_VARIANTS, _Derived
+from cost_model._workload import Parallelism, Workload
+from cost_model.depth import (
+    aggregation_sources,
+    attended_sources_total,
+    cached_sources,
+    live_sources,
+)
+from cost_model.params import mhc_coefficient_count, param_count
+
+#: AdamW training with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (two moments)
+#: bytes per parameter (Rajbhandari et al. 2020, ZeRO, §3.1; the same 16 B under autocast).
+WEIGHT_BYTES = 4
+GRADIENT_BYTES = 4
+ADAMW_STATE_BYTES = 8
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class ActivationSettings:
+    """How activations are stored.
+
+    act_bytes: bytes per activation element (None: the architecture's dtype).
+    dropout: dropout after attention probabilities and after each sublayer (1-byte masks).
+    fused_attention: a flash/SDPA kernel that keeps no s×s matrix (it saves Q, K, V, the
+        output and one fp32 log-sum-exp per query row and head).
+    norm_stats: count the per-row fp32 statistics a norm saves (RMSNorm: 1/rms; LayerNorm:
+        mean and 1/std); Korthikanti et al. leave them out.
+    """
+
+    act_bytes: int | None = None
+    dropout: bool = False
+    fused_attention: bool = True
+    norm_stats: bool = True
+
+    @classmethod
+    def korthikanti(cls) -> ActivationSettings:
+        """The setting of Korthikanti et al. 2022: 16-bit, dropout, unfused, no norm stats."""
+        return cls(act_bytes=2, dropout=True, fused_attention=False, norm_stats=False)
+
+
+@dataclass(frozen=True)
+class BlockActivations:
+    """Bytes one Transformer block saves for its backward pass, per micro-batch."""
+
+    replicated_bytes: Any  # norm inputs, QKV/MLP inputs, dropout masks (sharded only with SP)
+    sharded_bytes: Any  # Q, K, V, attention output, MLP hidden: split over tensor ranks
+    attention_core_bytes: Any  # softmax / dropout over s×s, or the fused kernel's extras
+
+    @property
+    def total_bytes(self) -> Any:
+        return self.replicated_bytes + self.sharded_bytes + self.attention_core_bytes
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Peak training memory per device, in bytes."""
+
+    weights_bytes: Any
+    gradient_bytes: Any
+    optimizer_bytes: Any
+    activation_bytes: Any  # saved for backward: blocks + depth mixing + head
+    depth_mixing_activation_bytes: Any  # the residual wiring's share of activation_bytes
+    depth_sources_live_bytes: Any  # forward working set of depth sources (informative)
+
+    @property
+    def total_bytes(self) -> Any:
+        return (
+            self.weights_bytes + self.gradient_bytes + self.optimizer_bytes + self.activation_bytes
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "gradient_bytes": self.gradient_bytes,
+            "optimizer_bytes": self.optimizer_bytes,
+            "activation_bytes": self.activation_bytes,
+            "depth_mixing_activation_bytes": self.depth_mixing_activation_bytes,
+            "depth_sources_live_bytes": self.depth_sources_live_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def _norm_stat_bytes(cfg: _Derived) -> int:
+    return 2 * FP32 if cfg.norm == "layernorm" else FP32
+
+
+def block_activations(
+    cfg: _Derived,
+    micro_batch: Any,
+    seq_len: Any,
+    recompute: str = "none",
+    settings: ActivationSettings | None = None,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+) -> BlockActivations:
+    """Activation bytes of one Transformer block (attention + MLP sublayer, PreNorm).
+
+    Terms per micro-batch (s tokens, b sequences, width h = d, e bytes per element, m = 1 with
+    dropout, a heads, kv = K/V width, f = MLP hidden width), following Korthikanti et al. §4.1:
+      replicated: two norm inputs 2·e·sbh, QKV input e·sbh, MLP input e·sbh, two dropout
+                  masks 2·m·sbh  (= 10·sbh in their setting)
+      sharded:    Q and K e·sb(h + kv), V e·sb·kv, output-projection input e·sbh,
+                  MLP hidden 2·e·sbf (GELU input and output) or 4·e·sbf (SwiGLU: gate, up,
+                  SiLU output, product)  (= 24·sbh in their setting)
+      core:       unfused: softmax output e·as²b, with dropout its mask m·as²b and output
+                  e·as²b  (= 5·as²b); fused: the kernel's output e·sbh and fp32 log-sum-exp
+                  4·asb.
+    Tensor parallelism t divides the sharded and core terms; sequence parallelism also the
+    replicated ones: s·b·h·(10 + 24/t + 5as/(ht)) and s·b·h·(34/t + 5as/(ht)).
+    Selective recomputation drops the unfused core; full recomputation keeps only the block
+    input e·sbh (divided by t with sequence parallelism).
+    """
+    settings = settings or ActivationSettings()
+    e = settings.act_bytes or cfg.dtype_bytes
+    m = 1 if settings.dropout else 0
+    sb = seq_len * micro_batch
+    d, kv, f, a = cfg.d_model, cfg.kv_dim, cfg.ffn_dim, cfg.n_heads
+    rep_div = tensor if sequence_parallel else 1
+    if recompute == "full":
+        return BlockActivations(e * sb * d / rep_div, 0 * d, 0 * d)
+    stats = 2 * _norm_stat_bytes(cfg) * sb if settings.norm_stats else 0
+    replicated = 2 * e * sb * d + stats + e * sb * d + e * sb * d + 2 * m * sb * d
+    hidden = (4 if cfg.mlp == "swiglu" else 2) * e * sb * f
+    sharded = e * sb * (d + kv) + e * sb * kv + e * sb * d + hidden
+    if settings.fused_attention:
+        core = e * sb * d + FP32 * a * sb
+    elif recompute == "selective":
+        core = 0 * d
+    else:
+        per_score = e + ((m + e) if settings.dropout else 0)  # probabilities (+ mask, output)
+        core = per_score * a * seq_len * sb
+    return BlockActivations(replicated / rep_div, sharded / tensor, core / tensor)
+
+
+def depth_mixing_activation_bytes(
+    cfg: _Derived,
+    micro_batch: Any,
+    seq_len: Any,
+    recompute: str = "none",
+    act_bytes: int | None = None,
+) -> Any:
+    """Bytes the residual wiring saves for backward, beyond what a standard residual saves.
+
+    - AttnRes: every distinct source (L + 1: the embedding and L sublayer outputs for Full; the
+      embedding and the L running block sums b_n^i for Block) is kept, with its RMS-normalised
+      key (e bytes each, plus its fp32 1/rms), and every depth-softmax weight (fp32, one per
+      attended source per sublayer and per aggregated source). The input-dependent query also
+      keeps the projected state and the query (2·e·d per sublayer). Without key norms only the
+      values are kept. With full recomputation only the values (the checkpoint inputs) stay.
+    - mHC-lite, per sublayer: the n·d stream state and its normalised copy, the sublayer output
+      for the H_post outer product, and the k = 2n + n! coefficients (fp32).
+    - DenseFormer: every block output before its weighted average (e·d per block).
+    """
+    e = act_bytes or cfg.dtype_bytes
+    sb = seq_len * micro_batch
+    d, v = cfg.d_model, cfg.variant
+    if v in ATTNRES_VARIANTS:
+        n_values = cfg.n_sublayers + 1
+        if recompute == "full":
+            return e * n_values * d * sb
+        keys = 0 if v == "attnres_no_key_norm" else n_values * (e * d + FP32)
+        weights = FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
+        query = 2 * e * d * cfg.n_sublayers if v == "attnres_input_query" else 0
+        return (e * n_values * d + keys + weights + query) * sb
+    if v == "mhc_lite":
+        n = cfg.streams
+        per_sublayer = e * (2 * n * d + d) + FP32 * (mhc_coefficient_count(n) + 1)
+        return per_sublayer * cfg.n_sublayers * sb
+    if v == "denseformer":
+        return e * d * cfg.n_layers * sb
+    return 0 * d
+
+
+def head_activation_bytes(
+    cfg: _Derived, micro_batch: Any, seq_len: Any, settings: ActivationSettings | None = None
+) -> Any:
+    """Final norm input (+ stats), LM-head input and the fp32 log-softmax of the loss."""
+    settings = settings or ActivationSettings()
+    e = settings.act_bytes or cfg.dtype_bytes
+    sb = seq_len * micro_batch
+    stats = _norm_stat_bytes(cfg) * sb if settings.norm_stats else 0
+    return 2 * e * sb * cfg.d_model + stats + FP32 * sb * cfg.vocab_size
+
+
+def training_memory(
+    cfg: _Derived,
+    workload: Workload | None = None,
+    parallel: Parallelism | None = None,
+    settings: ActivationSettings | None = None,
+) -> TrainingMemory:
+    """Peak memory of one device training with AdamW.
+
+    Weights, gradients and optimizer state: 16 B per parameter, split over tensor × pipeline
+    ranks. Activations: L_b blocks of `block_activations` on the most loaded pipeline stage
+    (1F1B keeps P micro-batches of L_b/P blocks in flight on stage 0: L_b blocks' worth,
+    Korthikanti et al. §4.2.3), plus the residual wiring's saved tensors and the LM head.
+    """
+    workload = workload or Workload()
+    parallel = parallel or Parallelism()
+    settings = settings or ActivationSettings()
+    s = workload.seq_len or cfg.seq_len
+    b = workload.micro_batch
+    shards = parallel.tensor * parallel.pipeline
+    params = param_count(cfg).total
+    blocks = block_activations(
+        cfg, b, s, workload.recompute, settings, parallel.tensor, parallel.sequence_parallel
+    ).total_bytes
+    mixing = depth_mixing_activation_bytes(cfg, b, s, workload.recompute, settings.act_bytes)
+    e = settings.act_bytes or cfg.dtype_bytes
+    activations = cfg.n_layers * blocks + mixing + head_activation_bytes(cfg, b, s, settings)
+    return TrainingMemory(
+        weights_bytes=WEIGHT_BYTES * params / shards,
+        gradient_bytes=GRADIENT_BYTES * params / shards,
+        optimizer_bytes=ADAMW_STATE_BYTES * params / shards,
+        activation_bytes=activations,
+        depth_mixing_activation_bytes=mixing,
+        depth_sources_live_bytes=e * live_sources(cfg) * cfg.d_model * s * b,
+    )
+
+
+@dataclass(frozen=True)
+class InferenceMemory:
+    """Inference memory per device, in bytes."""
+
+    weights_bytes: Any
+    kv_cache_bytes: Any
+    depth_cache_bytes: Any
+
+    @property
+    def total_bytes(self) -> Any:
+        return self.weights_bytes + self.kv_cache_bytes + self.depth_cache_bytes
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "weights_bytes": self.weights_bytes,
+            "kv_cache_bytes": self.kv_cache_bytes,
+            "depth_cache_bytes": self.depth_cache_bytes,
+            "total_bytes": self.total_bytes,
+        }
+
+
+def kv_cache_bytes(cfg: _Derived, context: Any, batch: Any = 1, shards: int = 1) -> Any:
+    """K and V for every block: 2·L_b·kv·context·batch·e, split over `shards` devices."""
+    return 2 * cfg.n_layers * cfg.kv_dim * context * batch * cfg.dtype_bytes / shards
+
+
+def prefill_depth_cache_bytes(
+    cfg: _Derived, tokens: Any, shards: int = 1, chunk: Any = None
+) -> Any:
+    """Depth representations held during a prefill (Attention Residuals §4).
+
+    Block AttnRes keeps its N block representations for every token: N·T·d elements (≈ 15 GB
+    at T = 128K, N = 8, d = 7168, bf16). Sharding the sequence over P devices divides it by P;
+    a chunked prefill keeps only the current chunk's: N·(chunk/P)·d. Other variants hold
+    `depth.cached_sources` (Full L, DenseFormer L_b, mHC n, baseline 1) the same way.
+    """
+    held = tokens if chunk is None else chunk
+    return cached_sources(cfg) * held * cfg.d_model * cfg.dtype_bytes / shards
+
+
+def inference_memory(
+    cfg: _Derived, workload: Workload | None = None, parallel: Parallelism | None = None
+) -> InferenceMemory:
+    """Weights (in the compute dtype) + KV cache at the decode context + the prefill's depth
+    cache, per device; sequence sharding over the tensor-parallel group."""
+    workload = workload or Workload()
+    parallel = parallel or Parallelism()
+    s = workload.seq_len or cfg.seq_len
+    context = workload.decode_context or s
+    tokens = workload.prefill_tokens or s
+    shards = parallel.tensor * parallel.pipeline
+    return InferenceMemory(
+        weights_bytes=param_count(cfg).total * cfg.dtype_bytes / shards,
+        kv_cache_bytes=kv_cache_bytes(cfg, context, workload.decode_batch, shards),
+        depth_cache_bytes=prefill_depth_cache_bytes(
+            cfg, tokens, parallel.tensor, workload.prefill_chunk
+        ),
+    )
+
+
+__all__ = [
+    "ActivationSettings",
+    "BlockActivations",
+    "InferenceMemory",
+    "TrainingMemory",
+    "block_activations",
+    "depth_mixing_activation_bytes",
+    "head_activation_bytes",
+    "inference_memory",
+    "kv_cache_bytes",
+    "prefill_depth_cache_bytes",
+    "training_memory",
+]

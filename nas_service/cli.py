@@ -1,0 +1,189 @@
+"""The `depthscope` command line.
+
+Subcommands import what they need when they run, so that `depthscope cost` never imports
+torch, Ray or the database layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _add_cost_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "cost",
+        help="price architectures with the analytic cost model",
+        description="Price one architecture, or compare residual variants side by side "
+        "(--variant a,b,c), with the analytic cost model.",
+    )
+    arch = p.add_argument_group("architecture")
+    arch.add_argument("--n-layers", type=int, required=True, help="Transformer blocks L_b")
+    arch.add_argument("--d-model", type=int, required=True)
+    arch.add_argument("--n-heads", type=int, required=True)
+    arch.add_argument("--n-kv-heads", type=int)
+    arch.add_argument("--vocab-size", type=int, default=256)
+    arch.add_argument("--seq-len", type=int, default=256)
+    arch.add_argument("--d-ff", type=int)
+    arch.add_argument("--ff-ratio", type=float)
+    arch.add_argument("--mlp", default="gelu")
+    arch.add_argument("--norm", default="rmsnorm")
+    arch.add_argument("--positions", default="rope")
+    arch.add_argument("--bias", action="store_true", help="biases in linear layers and norms")
+    arch.add_argument("--untied", action="store_true", help="an LM head of its own")
+    arch.add_argument(
+        "--variant",
+        default="baseline",
+        help="residual variant, or a comma-separated list to compare side by side",
+    )
+    arch.add_argument("--block-size", type=int, help="S in sublayers (block_attnres)")
+    arch.add_argument("--mhc-streams", type=int, help="n streams (mhc_lite)")
+    arch.add_argument("--dtype", default="float32")
+    work = p.add_argument_group("workload")
+    work.add_argument("--micro-batch", type=int, default=8)
+    work.add_argument("--microbatches", type=int, default=1)
+    work.add_argument("--recompute", default="none", help="none | selective | full")
+    work.add_argument("--prefill-tokens", type=int)
+    work.add_argument("--prefill-chunk", type=int)
+    work.add_argument("--decode-context", type=int)
+    work.add_argument("--decode-batch", type=int, default=1)
+    par = p.add_argument_group("parallelism and hardware")
+    par.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks")
+    par.add_argument("--pp", type=int, default=1, help="pipeline stages P")
+    par.add_argument("--vpp", type=int, default=1, help="virtual stages per rank V")
+    par.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
+    par.add_argument("--sequence-parallel", action="store_true")
+    par.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | cpu")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_cmd_cost)
+
+
+def _human(value: float, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if unit == "seconds":
+        for scale, suffix in ((1, "s"), (1e-3, "ms"), (1e-6, "µs")):
+            if abs(value) >= scale or scale == 1e-6:
+                return f"{value / scale:.3g} {suffix}"
+    base, suffix = (1024.0, "B") if unit == "bytes" else (1000.0, "")
+    prefixes = ["", "K", "M", "G", "T", "P", "E"]
+    if unit == "bytes":
+        prefixes = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+    scaled, i = float(value), 0
+    while abs(scaled) >= base and i < len(prefixes) - 1:
+        scaled /= base
+        i += 1
+    label = {"FLOPs": "FLOP", "parameters": ""}.get(unit, suffix)
+    text = f"{scaled:.4g} {prefixes[i]}{label}".rstrip()
+    return text
+
+
+def _cmd_cost(args: argparse.Namespace) -> int:
+    from cost_model import (
+        METRICS,
+        ArchConfig,
+        CostInputError,
+        Parallelism,
+        Workload,
+        price,
+    )
+
+    variants = [v.strip() for v in args.variant.split(",") if v.strip()]
+    try:
+        workload = Workload(
+            micro_batch=args.micro_batch,
+            seq_len=args.seq_len,
+            microbatches=args.microbatches,
+            recompute=args.recompute,
+            prefill_tokens=args.prefill_tokens,
+            prefill_chunk=args.prefill_chunk,
+            decode_context=args.decode_context,
+            decode_batch=args.decode_batch,
+        )
+        parallel = Parallelism(
+            tensor=args.tp,
+            pipeline=args.pp,
+            virtual=args.vpp,
+            data=args.dp,
+            sequence_parallel=args.sequence_parallel,
+        )
+        if args.block_size is not None and "block_attnres" not in variants:
+            raise CostInputError("block_size", "only block_attnres has a block size")
+        if args.mhc_streams is not None and "mhc_lite" not in variants:
+            raise CostInputError("mhc_streams", "only mhc_lite has streams")
+        reports = {}
+        for variant in variants:
+            cfg = ArchConfig(
+                n_layers=args.n_layers,
+                d_model=args.d_model,
+                n_heads=args.n_heads,
+                n_kv_heads=args.n_kv_heads,
+                vocab_size=args.vocab_size,
+                seq_len=args.seq_len,
+                d_ff=args.d_ff,
+                ff_ratio=args.ff_ratio,
+                mlp=args.mlp,
+                norm=args.norm,
+                positions=args.positions,
+                bias=args.bias,
+                tie_embeddings=not args.untied,
+                variant=variant,
+                block_size=args.block_size if variant == "block_attnres" else None,
+                mhc_streams=args.mhc_streams if variant == "mhc_lite" else None,
+                dtype=args.dtype,
+            )
+            reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
+    except CostInputError as exc:
+        print(f"depthscope cost: error: {exc}", file=sys.stderr)
+        return 2
+    if not variants:
+        print("depthscope cost: error: variant: give at least one", file=sys.stderr)
+        return 2
+
+    if args.json:
+        out = {
+            v: {"arch": cfg.to_dict(), "cost": report.as_dict()}
+            for v, (cfg, report) in reports.items()
+        }
+        print(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2))
+        return 0
+
+    first = next(iter(reports.values()))[0]
+    print(
+        f"L_b={first.n_layers} d_model={first.d_model} heads={first.n_heads} "
+        f"vocab={first.vocab_size} seq={first.seq_len} dtype={first.dtype} "
+        f"hardware={args.hardware} TP={args.tp} PP={args.pp}x{args.vpp} DP={args.dp}"
+    )
+    names = list(reports)
+    width = max(12, *(len(n) + 2 for n in names))
+    print(f"{'metric':32}" + "".join(f"{n:>{width}}" for n in names))
+    columns = {n: r.metrics() for n, (_, r) in reports.items()}
+    for metric, (unit, _) in METRICS.items():
+        cells = "".join(f"{_human(columns[n][metric], unit):>{width}}" for n in names)
+        print(f"{metric:32}" + cells)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="depthscope",
+        description="Architecture search and cost modelling for Transformer residual connections.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_cost_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())

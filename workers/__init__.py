@@ -1,0 +1,1 @@
+"""Training workers: residual-variant language models, data, the fixed-budget trainer."""
