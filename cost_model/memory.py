@@ -11,6 +11,7 @@ All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +39,13 @@ class ActivationSettings:
 
     act_bytes: bytes per activation element (None: the architecture's dtype).
     dropout: dropout after attention probabilities and after each sublayer (1-byte masks).
-    fused_attention: a flash/SDPA kernel that keeps no s×s matrix (it saves Q, K, V, the
-        output and one fp32 log-sum-exp per query row and head).
-    norm_stats: count the per-row fp32 statistics a norm saves (RMSNorm: 1/rms; LayerNorm:
-        mean and 1/std); Korthikanti et al. leave them out.
+    fused_attention: a flash/SDPA kernel that keeps no s×s matrix (it saves Q, K, V, its
+        output — the output projection's input, one tensor — and one fp32 log-sum-exp per
+        query row and head).
+    norm_stats: count what a norm saves beyond its input: the per-row fp32 statistics
+        (RMSNorm 1/rms, LayerNorm mean and 1/std) and, for an RMSNorm with a gain, the
+        normalised tensor before the gain (the gain's product keeps it). Korthikanti et al.
+        leave these out.
     """
 
     act_bytes: int | None = None
@@ -97,8 +101,11 @@ class TrainingMemory:
         }
 
 
-def _norm_stat_bytes(cfg: _Derived) -> int:
-    return 2 * FP32 if cfg.norm == "layernorm" else FP32
+def _norm_extra_bytes(cfg: _Derived, e: int, tokens: Any) -> Any:
+    """What one norm saves beyond its input, for `tokens` rows (see `ActivationSettings`)."""
+    if cfg.norm == "layernorm":
+        return 2 * FP32 * tokens
+    return (FP32 + e * cfg.d_model) * tokens
 
 
 def block_activations(
@@ -120,8 +127,8 @@ def block_activations(
                   MLP hidden 2·e·sbf (GELU input and output) or 4·e·sbf (SwiGLU: gate, up,
                   SiLU output, product)  (= 24·sbh in their setting)
       core:       unfused: softmax output e·as²b, with dropout its mask m·as²b and output
-                  e·as²b  (= 5·as²b); fused: the kernel's output e·sbh and fp32 log-sum-exp
-                  4·asb.
+                  e·as²b  (= 5·as²b); fused: the fp32 log-sum-exp 4·asb (its output is the
+                  output projection's input, already counted).
     Tensor parallelism t divides the sharded and core terms; sequence parallelism also the
     replicated ones: s·b·h·(10 + 24/t + 5as/(ht)) and s·b·h·(34/t + 5as/(ht)).
     Selective recomputation drops the unfused core; full recomputation keeps only the block
@@ -135,12 +142,12 @@ def block_activations(
     rep_div = tensor if sequence_parallel else 1
     if recompute == "full":
         return BlockActivations(e * sb * d / rep_div, 0 * d, 0 * d)
-    stats = 2 * _norm_stat_bytes(cfg) * sb if settings.norm_stats else 0
+    stats = 2 * _norm_extra_bytes(cfg, e, sb) if settings.norm_stats else 0
     replicated = 2 * e * sb * d + stats + e * sb * d + e * sb * d + 2 * m * sb * d
     hidden = (4 if cfg.mlp == "swiglu" else 2) * e * sb * f
     sharded = e * sb * (d + kv) + e * sb * kv + e * sb * d + hidden
     if settings.fused_attention:
-        core = e * sb * d + FP32 * a * sb
+        core = FP32 * a * sb + 0 * d
     elif recompute == "selective":
         core = 0 * d
     else:
@@ -165,7 +172,9 @@ def depth_mixing_activation_bytes(
       keeps the projected state and the query (2·e·d per sublayer). Without key norms only the
       values are kept. With full recomputation only the values (the checkpoint inputs) stay.
     - mHC-lite, per sublayer: the n·d stream state and its normalised copy, the sublayer output
-      for the H_post outer product, and the k = 2n + n! coefficients (fp32).
+      for the H_post outer product, and per token the small coefficient tensors: the k raw
+      coefficients, H_pre, σ(post) and H_post (n each), the n! permutation weights, H_res (n²)
+      and the 1/rms of the state: k + 3n + n! + n² + 1 values.
     - DenseFormer: every block output before its weighted average (e·d per block).
     """
     e = act_bytes or cfg.dtype_bytes
@@ -181,7 +190,8 @@ def depth_mixing_activation_bytes(
         return (e * n_values * d + keys + weights + query) * sb
     if v == "mhc_lite":
         n = cfg.streams
-        per_sublayer = e * (2 * n * d + d) + FP32 * (mhc_coefficient_count(n) + 1)
+        small = mhc_coefficient_count(n) + 3 * n + math.factorial(n) + n * n + 1
+        per_sublayer = e * (2 * n * d + d) + FP32 * small
         return per_sublayer * cfg.n_sublayers * sb
     if v == "denseformer":
         return e * d * cfg.n_layers * sb
@@ -191,12 +201,14 @@ def depth_mixing_activation_bytes(
 def head_activation_bytes(
     cfg: _Derived, micro_batch: Any, seq_len: Any, settings: ActivationSettings | None = None
 ) -> Any:
-    """Final norm input (+ stats), LM-head input and the fp32 log-softmax of the loss."""
+    """Final norm input (+ its extras), LM-head input, the fp32 log-softmax of the loss, and
+    the int64 token ids and targets."""
     settings = settings or ActivationSettings()
     e = settings.act_bytes or cfg.dtype_bytes
     sb = seq_len * micro_batch
-    stats = _norm_stat_bytes(cfg) * sb if settings.norm_stats else 0
-    return 2 * e * sb * cfg.d_model + stats + FP32 * sb * cfg.vocab_size
+    stats = _norm_extra_bytes(cfg, e, sb) if settings.norm_stats else 0
+    ids = 2 * 8 * sb
+    return 2 * e * sb * cfg.d_model + stats + FP32 * sb * cfg.vocab_size + ids
 
 
 def training_memory(

@@ -66,9 +66,12 @@ def test_other_settings_change_the_right_terms() -> None:
     assert got == s * b * d * 2 * (34 - 2) + 4 * 4 * s * s * b
     fused = ActivationSettings(act_bytes=4, dropout=False, fused_attention=True, norm_stats=False)
     got_fused = block_activations(cfg, b, s, settings=fused).total_bytes
-    assert got_fused == s * b * d * 2 * (34 - 2) + 4 * s * b * d + 4 * 4 * s * b
+    # fused: no s² term; the kernel's output is the output projection's input (one tensor)
+    assert got_fused == s * b * d * 2 * (34 - 2) + 4 * 4 * s * b
     stats = ActivationSettings(act_bytes=4, dropout=False, fused_attention=True, norm_stats=True)
-    assert block_activations(cfg, b, s, settings=stats).total_bytes == got_fused + 2 * 4 * s * b
+    # RMSNorm extras: 1/rms (fp32) and the normalised tensor before the gain, per norm
+    extras = 2 * (4 * s * b + 4 * s * b * d)
+    assert block_activations(cfg, b, s, settings=stats).total_bytes == got_fused + extras
 
 
 def test_training_memory_parts() -> None:

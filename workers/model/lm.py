@@ -1,0 +1,152 @@
+"""The decoder-only language model: embedding, one loop over sublayers whose residual wiring
+is a `DepthMixer`, final norm, LM head."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cost_model import ArchConfig
+from workers.model.layers import KVCache, TransformerBlock, make_norm, rope_tables
+from workers.model.mixers import DepthMixer, make_mixer
+
+INIT_STD = 0.02  # GPT-2's initialisation scale
+
+
+class DepthscopeLM(nn.Module):
+    """A decoder-only Transformer built from an `ArchConfig`.
+
+    `forward(idx, targets)` is the training path (whole sequences, causal attention).
+    `step(idx, cache, schedule)` is the inference path: a prefill (many tokens) or a decode
+    step (one token) against a `KVCache`, with the depth schedule `"sequential"` or, for Block
+    AttnRes, `"two_phase"`.
+    """
+
+    def __init__(self, cfg: ArchConfig, attn_impl: str = "sdpa") -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = (
+            nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
+        )
+        self.blocks = nn.ModuleList(TransformerBlock(cfg, attn_impl) for _ in range(cfg.n_layers))
+        self.mixer: DepthMixer = make_mixer(cfg)
+        self.norm_f = make_norm(cfg)
+        self.lm_head = (
+            None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        )
+        if cfg.positions == "rope":
+            cos, sin = rope_tables(cfg.head_dim, cfg.seq_len)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Every tensor's initial distribution, in one place:
+
+        - token embedding, learned positions, every Linear weight (and an untied LM head):
+          N(0, 0.02); the two output projections of each block (attention `o`, MLP `down`):
+          N(0, 0.02/√(2·L_b)) (GPT-2's residual scaling); biases 0; norm gains 1.
+        - AttnRes: pseudo-queries 0 (every sublayer input starts as the plain mean of its
+          sources), key-norm gains 1, input-dependent query projections 0.
+        - mHC-lite: projections 0, gates 0.01, biases: H_pre = 1/n, H_post = 1, identity
+          permutation logit 0 and the others −8.
+        - DenseFormer: identity weights (1 on the newest block output, 0 elsewhere).
+        """
+        out_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                std = out_std if name.endswith((".o", ".down")) else INIT_STD
+                nn.init.normal_(module.weight, 0.0, std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, 0.0, INIT_STD)
+            elif isinstance(module, nn.LayerNorm):
+                nn.init.ones_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif hasattr(module, "weight") and module.__class__.__name__ == "RMSNorm":
+                nn.init.ones_(module.weight)
+        mixer = self.mixer
+        for pname, param in mixer.named_parameters():
+            if pname.startswith(("queries", "agg_query", "input_proj")):
+                nn.init.zeros_(param)
+            elif pname.startswith(("key_gains", "agg_key_gain")):
+                nn.init.ones_(param)
+        reset = getattr(mixer, "reset_parameters", None)
+        if reset is not None:
+            reset()
+
+    # -- pieces ----------------------------------------------------------------------------
+    def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        _, T = idx.shape
+        if start + T > self.cfg.seq_len:
+            raise ValueError(
+                f"seq_len: positions {start}..{start + T - 1} exceed the model's {self.cfg.seq_len}"
+            )
+        x = self.tok_emb(idx)  # (B, T, d)
+        if self.pos_emb is not None:
+            x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
+        return x
+
+    def _rope(self, start: int, length: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.cfg.positions != "rope":
+            return None
+        return self.rope_cos[start : start + length], self.rope_sin[start : start + length]
+
+    def _sublayer(
+        self,
+        l: int,
+        h: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None,
+        cache: KVCache | None,
+    ) -> torch.Tensor:
+        """f_l(h): sublayer l = attention (even l) or MLP (odd l) of block l // 2, PreNorm."""
+        block = self.blocks[l // 2]
+        if l % 2 == 0:
+            return block.attn(block.attn_norm(h), rope, cache, l // 2)
+        return block.mlp(block.mlp_norm(h))
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        h = self.norm_f(h)
+        if self.lm_head is not None:
+            return self.lm_head(h)
+        return h @ self.tok_emb.weight.T.to(h.dtype)
+
+    # -- paths -----------------------------------------------------------------------------
+    def forward(
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Training path: logits (B, T, V) and, with targets, the mean cross-entropy."""
+        x = self._embed(idx)
+        rope = self._rope(0, idx.shape[1])
+        h = self.mixer.run(x, lambda l, hl: self._sublayer(l, hl, rope, None))
+        logits = self._logits(h)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+    @torch.no_grad()
+    def step(self, idx: torch.Tensor, cache: KVCache, schedule: str = "sequential") -> torch.Tensor:
+        """Inference: run `idx` (B, T) after the `cache.pos` cached tokens; returns logits of
+        every new position and advances the cache."""
+        start, T = cache.pos, idx.shape[1]
+        x = self._embed(idx, start)
+        rope = self._rope(start, T)
+        h = self.mixer.run(x, lambda l, hl: self._sublayer(l, hl, rope, cache), schedule)
+        cache.pos = start + T
+        return self._logits(h)
+
+    def new_cache(self) -> KVCache:
+        return KVCache.empty(self.cfg.n_layers)
+
+
+def build_model(cfg: ArchConfig, attn_impl: str = "sdpa") -> DepthscopeLM:
+    """The model for `cfg`, initialised (see `DepthscopeLM.reset_parameters`)."""
+    return DepthscopeLM(cfg, attn_impl)

@@ -1,0 +1,348 @@
+"""Residual wiring as strategies: one `DepthMixer` per variant, driven by the model's single
+loop over sublayers.
+
+The contract: `begin(emb)` makes the per-forward state from the token embedding;
+`input(state, l)` is the input h_l of sublayer l (0-based, L = 2·L_b sublayers, attention
+then MLP per block); `record(state, l, out)` takes the sublayer's output f_l(h_l);
+`finish(state)` is the hidden state handed to the final norm. `run` drives the loop and may be
+overridden by a schedule that reorders the work (Block AttnRes's two-phase inference). A mixer
+holds parameters but no state between forward passes, so one model serves concurrent batches.
+Sources are kept in the embedding's dtype (fp32 under autocast), as a residual stream is.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from cost_model import ArchConfig
+from workers.model.depth_attention import depth_attend, weighted_sum
+from workers.model.layers import rms_normalize, upcast
+
+Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
+
+
+class DepthMixer(nn.Module, ABC):
+    """Base strategy: how sublayer inputs are gathered from earlier outputs."""
+
+    schedules: tuple[str, ...] = ("sequential",)
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__()
+        self.n_sublayers = cfg.n_sublayers
+
+    @abstractmethod
+    def begin(self, emb: torch.Tensor) -> Any:
+        """See the module docstring."""
+
+    @abstractmethod
+    def input(self, state: Any, l: int) -> torch.Tensor:
+        """See the module docstring."""
+
+    @abstractmethod
+    def record(self, state: Any, l: int, out: torch.Tensor) -> None:
+        """See the module docstring."""
+
+    @abstractmethod
+    def finish(self, state: Any) -> torch.Tensor:
+        """See the module docstring."""
+
+    def run(
+        self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"
+    ) -> torch.Tensor:
+        if schedule not in self.schedules:
+            supported = ", ".join(self.schedules)
+            raise ValueError(
+                f"schedule: {type(self).__name__} supports {supported}, not {schedule!r}"
+            )
+        state = self.begin(emb)
+        for l in range(self.n_sublayers):
+            out = sublayer(l, self.input(state, l))
+            self.record(state, l, out.to(emb.dtype))
+        return self.finish(state)
+
+
+class StandardResidual(DepthMixer):
+    """PreNorm residual: h_{l+1} = h_l + f_l(h_l)."""
+
+    def begin(self, emb: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"h": emb}
+
+    def input(self, state: dict[str, torch.Tensor], l: int) -> torch.Tensor:
+        return state["h"]
+
+    def record(self, state: dict[str, torch.Tensor], l: int, out: torch.Tensor) -> None:
+        state["h"] = state["h"] + out
+
+    def finish(self, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        return state["h"]
+
+
+class _AttnResBase(DepthMixer):
+    """Shared parts of the AttnRes variants (Attention Residuals §3).
+
+    Per sublayer l a pseudo-query w_l ∈ R^d (zero at init, so every input starts as the plain
+    mean of its sources) and the gain g_l of an RMSNorm on the keys; no 1/√d, no temperature.
+    Sources are normalised once (parameter-free) and the gain is folded into the query:
+    w_lᵀ(g_l ⊙ n_i) = (w_l ⊙ g_l)ᵀ n_i. The output aggregation is one more query/gain pair over
+    all sources. Ablations: `attnres_no_key_norm` (keys = raw sources, no gains),
+    `attnres_sigmoid` (σ instead of softmax), `attnres_input_query` (q_l = w_l + W_l·n_{last},
+    W_l ∈ R^{d×d} zero-initialised, projecting the newest source's normalised state).
+    """
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__(cfg)
+        d, sub = cfg.d_model, cfg.n_sublayers
+        self.key_norm = cfg.variant != "attnres_no_key_norm"
+        self.gate = "sigmoid" if cfg.variant == "attnres_sigmoid" else "softmax"
+        self.queries = nn.Parameter(torch.zeros(sub, d))
+        self.agg_query = nn.Parameter(torch.zeros(d))
+        self.key_gains = nn.Parameter(torch.ones(sub, d)) if self.key_norm else None
+        self.agg_key_gain = nn.Parameter(torch.ones(d)) if self.key_norm else None
+        self.input_proj = (
+            nn.Parameter(torch.zeros(sub, d, d)) if cfg.variant == "attnres_input_query" else None
+        )
+
+    def key(self, v: torch.Tensor) -> torch.Tensor:
+        return rms_normalize(v) if self.key_norm else v
+
+    def query(self, l: int, newest_key: torch.Tensor | None = None) -> torch.Tensor:
+        q = self.queries[l]
+        if self.input_proj is not None and newest_key is not None:
+            q = q + newest_key @ self.input_proj[l].T  # (B, T, d)
+        if self.key_gains is not None:
+            q = q * self.key_gains[l]
+        return q
+
+    def aggregate(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        q = self.agg_query if self.agg_key_gain is None else self.agg_query * self.agg_key_gain
+        return depth_attend(q, keys, values if self.key_norm else None, self.gate)
+
+    def attend(self, l: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
+        q = self.query(l, keys[-1])
+        return depth_attend(q, keys, values if self.key_norm else None, self.gate)
+
+
+class FullAttnRes(_AttnResBase):
+    """Full AttnRes: sublayer l attends to v_0 (the embedding) and every earlier output."""
+
+    def begin(self, emb: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+        return {"values": [emb], "keys": [self.key(emb)]}
+
+    def input(self, state: dict[str, list[torch.Tensor]], l: int) -> torch.Tensor:
+        return self.attend(l, state["keys"], state["values"])
+
+    def record(self, state: dict[str, list[torch.Tensor]], l: int, out: torch.Tensor) -> None:
+        state["values"].append(out)
+        state["keys"].append(self.key(out))
+
+    def finish(self, state: dict[str, list[torch.Tensor]]) -> torch.Tensor:
+        return self.aggregate(state["keys"], state["values"])
+
+
+class BlockAttnRes(_AttnResBase):
+    """Block AttnRes with S sublayers per block (the last block may be shorter).
+
+    Sources of the i-th sublayer (1-based) of block n: the embedding b_0 (never folded into a
+    block), the finished blocks b_1 … b_n, and for i ≥ 2 the running partial sum b_n^{i−1}
+    (b_n^0 = 0 is never a source). A block's representation is the sum of its outputs.
+    """
+
+    schedules = ("sequential", "two_phase")
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__(cfg)
+        assert cfg.block_size is not None
+        self.block_size = cfg.block_size
+
+    def blocks(self) -> list[range]:
+        S, L = self.block_size, self.n_sublayers
+        return [range(s, min(s + S, L)) for s in range(0, L, S)]
+
+    def begin(self, emb: torch.Tensor) -> dict[str, Any]:
+        return {"values": [emb], "keys": [self.key(emb)], "partial": None, "partial_key": None}
+
+    def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
+        keys, values = state["keys"], state["values"]
+        if state["partial"] is not None:
+            if state["partial_key"] is None:
+                state["partial_key"] = self.key(state["partial"])
+            keys, values = [*keys, state["partial_key"]], [*values, state["partial"]]
+        return self.attend(l, keys, values)
+
+    def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
+        partial = out if state["partial"] is None else state["partial"] + out
+        state["partial"], state["partial_key"] = partial, None
+        if (l + 1) % self.block_size == 0 or l + 1 == self.n_sublayers:  # block complete
+            state["values"].append(partial)
+            state["keys"].append(self.key(partial))
+            state["partial"] = None
+
+    def finish(self, state: dict[str, Any]) -> torch.Tensor:
+        return self.aggregate(state["keys"], state["values"])
+
+    def run(
+        self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"
+    ) -> torch.Tensor:
+        if schedule != "two_phase":
+            return super().run(emb, sublayer, schedule)
+        return self._two_phase(emb, sublayer)
+
+    def _two_phase(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        """Attention Residuals §4, Algorithm 1 (with the pre-update partial in the merge).
+
+        Phase 1: the pseudo-queries of a block do not depend on the input, so all of them
+        attend to the finished blocks in one batched pass, keeping per query the running max
+        m¹, the sum of exponentials ℓ¹ and the unnormalised output o¹. Phase 2: walk the block;
+        the only new source of its i-th sublayer (i ≥ 2) is the partial b_n^{i−1}, merged
+        online: m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b) / (e^{m¹−m}·ℓ¹ + e^{s−m}).
+        Exact, not an approximation: it equals the joint softmax. Softmax variants only; the
+        input-dependent query needs the sequential path."""
+        if self.input_proj is not None or self.gate != "softmax":
+            raise ValueError("schedule: two_phase needs static pseudo-queries and a softmax")
+        values, keys = [emb], [self.key(emb)]
+        for block in self.blocks():
+            queries = torch.stack([self.query(l) for l in block])  # (S, d)
+            K = upcast(torch.stack(keys))  # (k, B, T, d)
+            V = upcast(torch.stack(values))
+            logits = torch.einsum("sd,kbtd->skbt", upcast(queries), K)  # (S, k, B, T)
+            m1 = logits.amax(dim=1)  # (S, B, T)
+            p = torch.exp(logits - m1[:, None])
+            l1 = p.sum(dim=1)  # (S, B, T)
+            o1 = torch.einsum("skbt,kbtd->sbtd", p, V)  # (S, B, T, d)
+            partial: torch.Tensor | None = None
+            for i, l in enumerate(block):
+                if partial is None:
+                    h = o1[i] / l1[i][..., None]
+                else:
+                    q = upcast(queries[i])
+                    s = (upcast(self.key(partial)) * q).sum(-1)  # (B, T)
+                    m = torch.maximum(m1[i], s)
+                    a, b = torch.exp(m1[i] - m), torch.exp(s - m)
+                    h = (a[..., None] * o1[i] + b[..., None] * upcast(partial)) / (a * l1[i] + b)[
+                        ..., None
+                    ]
+                out = sublayer(l, h.to(emb.dtype)).to(emb.dtype)
+                partial = out if partial is None else partial + out
+            assert partial is not None
+            values.append(partial)
+            keys.append(self.key(partial))
+        return self.aggregate(keys, values)
+
+
+class MHCLite(DepthMixer):
+    """mHC-lite (arXiv 2601.05732) with n streams X ∈ R^{n×d} per token.
+
+    Per sublayer, from the flattened, parameter-free RMS-normalised state x̃ = norm(vec X):
+    c = x̃·W_l (W_l ∈ R^{nd×(2n+n!)}, zero at init), scaled by three learned gates
+    α_pre, α_post, α_res (0.01 at init) and shifted by biases b_l:
+    H_pre = σ(·) (n), H_post = 2σ(·) (n), H_res = Σ_π softmax(·)_π·P_π over the n! permutation
+    matrices — exactly doubly stochastic. Input h = H_preᵀX; update X' = H_res·X + H_post ⊗ f(h).
+    Init: b_pre = logit(1/n) (h starts as the mean of the streams), b_post = 0 (H_post = 1),
+    permutation logits 0 for the identity and −8 for the others (H_res ≈ I). The embedding is
+    copied into every stream; the output is the sum of the streams.
+    """
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__(cfg)
+        n, d, sub = cfg.streams, cfg.d_model, cfg.n_sublayers
+        perms = list(itertools.permutations(range(n)))
+        self.n = n
+        self.k = 2 * n + len(perms)
+        eye = torch.eye(n)
+        self.register_buffer(
+            "perm_mats", torch.stack([eye[list(p)] for p in perms]), persistent=False
+        )
+        self.proj = nn.Parameter(torch.zeros(sub, n * d, self.k))
+        self.bias = nn.Parameter(torch.zeros(sub, self.k))
+        self.gates = nn.Parameter(torch.zeros(sub, 3))
+
+    def begin(self, emb: torch.Tensor) -> dict[str, Any]:
+        return {"X": emb[:, :, None, :].repeat(1, 1, self.n, 1)}  # (B, T, n, d)
+
+    def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
+        X = state["X"]
+        B, T, n, d = X.shape
+        c = rms_normalize(X.reshape(B, T, n * d)) @ self.proj[l]  # (B, T, k)
+        g, b = self.gates[l], self.bias[l]
+        pre = torch.sigmoid(g[0] * c[..., :n] + b[:n])  # (B, T, n)
+        post = 2 * torch.sigmoid(g[1] * c[..., n : 2 * n] + b[n : 2 * n])
+        mix = torch.softmax(g[2] * c[..., 2 * n :] + b[2 * n :], dim=-1)  # (B, T, n!)
+        state["H_res"] = (mix @ self.perm_mats.reshape(-1, n * n).to(mix.dtype)).view(B, T, n, n)
+        state["H_post"] = post
+        return torch.einsum("btn,btnd->btd", pre, X)
+
+    def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
+        X = state["X"]
+        mixed = torch.einsum("btij,btjd->btid", state["H_res"], X)
+        state["X"] = mixed + state["H_post"][..., None] @ out[..., None, :]  # (B, T, n, d)
+
+    def finish(self, state: dict[str, Any]) -> torch.Tensor:
+        return state["X"].sum(dim=2)
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        n = self.n
+        self.proj.zero_()
+        self.gates.fill_(0.01)
+        self.bias.zero_()
+        self.bias[:, :n] = math.log((1 / n) / (1 - 1 / n))  # σ(b) = 1/n
+        self.bias[:, 2 * n :] = -8.0
+        self.bias[:, 2 * n] = 0.0  # permutation 0 of itertools.permutations is the identity
+
+
+class DenseFormer(DepthMixer):
+    """DenseFormer (arXiv 2402.02622): a standard residual inside each Transformer block and,
+    after block i, the depth-weighted average x̂_i = Σ_{j≤i} α_{i,j}·X_j over the embedding X_0
+    and the block outputs X_1 … X_i; static learned weights, no softmax, identity at init
+    (α_{i,i} = 1, the others 0)."""
+
+    def __init__(self, cfg: ArchConfig) -> None:
+        super().__init__(cfg)
+        self.weights = nn.ParameterList(
+            [nn.Parameter(torch.zeros(i + 1)) for i in range(1, cfg.n_layers + 1)]
+        )
+
+    def begin(self, emb: torch.Tensor) -> dict[str, Any]:
+        return {"h": emb, "outputs": [emb]}
+
+    def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
+        return state["h"]
+
+    def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
+        h = state["h"] + out
+        if l % 2 == 1:  # end of Transformer block i = (l + 1) / 2
+            state["outputs"].append(h)
+            h = weighted_sum(self.weights[l // 2], state["outputs"])
+        state["h"] = h
+
+    def finish(self, state: dict[str, Any]) -> torch.Tensor:
+        return state["h"]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        for w in self.weights:
+            w.zero_()
+            w[-1] = 1.0
+
+
+MIXERS: dict[str, type[DepthMixer]] = {
+    "baseline": StandardResidual,
+    "full_attnres": FullAttnRes,
+    "attnres_input_query": FullAttnRes,
+    "attnres_sigmoid": FullAttnRes,
+    "attnres_no_key_norm": FullAttnRes,
+    "block_attnres": BlockAttnRes,
+    "mhc_lite": MHCLite,
+    "denseformer": DenseFormer,
+}
+
+
+def make_mixer(cfg: ArchConfig) -> DepthMixer:
+    return MIXERS[cfg.variant](cfg)
