@@ -14,13 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def _add_cost_parser(sub: Any) -> None:
-    p = sub.add_parser(
-        "cost",
-        help="price architectures with the analytic cost model",
-        description="Price one architecture, or compare residual variants side by side "
-        "(--variant a,b,c), with the analytic cost model.",
-    )
+def _add_arch_args(p: argparse.ArgumentParser, many_variants: bool) -> None:
     arch = p.add_argument_group("architecture")
     arch.add_argument("--n-layers", type=int, required=True, help="Transformer blocks L_b")
     arch.add_argument("--d-model", type=int, required=True)
@@ -38,11 +32,46 @@ def _add_cost_parser(sub: Any) -> None:
     arch.add_argument(
         "--variant",
         default="baseline",
-        help="residual variant, or a comma-separated list to compare side by side",
+        help="residual variant"
+        + (", or a comma-separated list to compare side by side" if many_variants else ""),
     )
     arch.add_argument("--block-size", type=int, help="S in sublayers (block_attnres)")
     arch.add_argument("--mhc-streams", type=int, help="n streams (mhc_lite)")
     arch.add_argument("--dtype", default="float32")
+
+
+def _arch_from_args(args: argparse.Namespace, variant: str) -> Any:
+    from cost_model import ArchConfig
+
+    return ArchConfig(
+        n_layers=args.n_layers,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        n_kv_heads=args.n_kv_heads,
+        vocab_size=args.vocab_size,
+        seq_len=args.seq_len,
+        d_ff=args.d_ff,
+        ff_ratio=args.ff_ratio,
+        mlp=args.mlp,
+        norm=args.norm,
+        positions=args.positions,
+        bias=args.bias,
+        tie_embeddings=not args.untied,
+        variant=variant,
+        block_size=args.block_size if variant == "block_attnres" else None,
+        mhc_streams=args.mhc_streams if variant == "mhc_lite" else None,
+        dtype=args.dtype,
+    )
+
+
+def _add_cost_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "cost",
+        help="price architectures with the analytic cost model",
+        description="Price one architecture, or compare residual variants side by side "
+        "(--variant a,b,c), with the analytic cost model.",
+    )
+    _add_arch_args(p, many_variants=True)
     work = p.add_argument_group("workload")
     work.add_argument("--micro-batch", type=int, default=8)
     work.add_argument("--microbatches", type=int, default=1)
@@ -83,14 +112,7 @@ def _human(value: float, unit: str) -> str:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from cost_model import (
-        METRICS,
-        ArchConfig,
-        CostInputError,
-        Parallelism,
-        Workload,
-        price,
-    )
+    from cost_model import METRICS, CostInputError, Parallelism, Workload, price
 
     variants = [v.strip() for v in args.variant.split(",") if v.strip()]
     try:
@@ -117,25 +139,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             raise CostInputError("mhc_streams", "only mhc_lite has streams")
         reports = {}
         for variant in variants:
-            cfg = ArchConfig(
-                n_layers=args.n_layers,
-                d_model=args.d_model,
-                n_heads=args.n_heads,
-                n_kv_heads=args.n_kv_heads,
-                vocab_size=args.vocab_size,
-                seq_len=args.seq_len,
-                d_ff=args.d_ff,
-                ff_ratio=args.ff_ratio,
-                mlp=args.mlp,
-                norm=args.norm,
-                positions=args.positions,
-                bias=args.bias,
-                tie_embeddings=not args.untied,
-                variant=variant,
-                block_size=args.block_size if variant == "block_attnres" else None,
-                mhc_streams=args.mhc_streams if variant == "mhc_lite" else None,
-                dtype=args.dtype,
-            )
+            cfg = _arch_from_args(args, variant)
             reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
     except CostInputError as exc:
         print(f"depthscope cost: error: {exc}", file=sys.stderr)
@@ -168,6 +172,94 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_train_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="train one candidate on a fixed budget",
+        description="Train one architecture for exactly its budget (FLOPs or tokens) and "
+        "print the result. Progress goes to stderr.",
+    )
+    _add_arch_args(p, many_variants=False)
+    run = p.add_argument_group("training")
+    budget = run.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--flops", type=float, help="training FLOPs budget (e.g. 3e13)")
+    budget.add_argument("--tokens", type=int, help="training tokens budget")
+    run.add_argument("--batch-size", type=int, default=16)
+    run.add_argument("--lr", type=float, default=3e-3)
+    run.add_argument("--schedule", default="cosine", help="cosine | wsd")
+    run.add_argument("--warmup-frac", type=float, default=0.05)
+    run.add_argument("--weight-decay", type=float, default=0.1)
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--eval-interval", type=int, help="steps between evaluations")
+    run.add_argument("--eval-batches", type=int, default=8)
+    run.add_argument("--corpus", help="text file, folder or token file (default: built-in)")
+    run.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    run.add_argument("--threads", type=int, help="torch threads")
+    run.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from cost_model import CostInputError
+    from workers.data import CorpusError
+    from workers.train import TrainSpec, train
+
+    try:
+        spec = TrainSpec(
+            arch=_arch_from_args(args, args.variant),
+            budget_flops=args.flops,
+            budget_tokens=args.tokens,
+            batch_size=args.batch_size,
+            lr=args.lr,
+            schedule=args.schedule,
+            warmup_frac=args.warmup_frac,
+            weight_decay=args.weight_decay,
+            seed=args.seed,
+            eval_interval=args.eval_interval,
+            eval_batches=args.eval_batches,
+            corpus=args.corpus,
+            device=args.device,
+            threads=args.threads,
+            compile=args.compile,
+        )
+        bar = None
+        if not args.quiet:
+            from tqdm import tqdm
+
+            bar = tqdm(total=spec.planned_steps(), unit="step", file=sys.stderr, leave=True)
+
+        def progress(step: int, steps: int, loss: float) -> None:
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+        def on_eval(point: Any) -> bool:
+            if bar is not None:
+                bar.write(f"step {point.step}: val_loss {point.val_loss:.4f}", file=sys.stderr)
+            return False
+
+        result = train(spec, on_eval=on_eval, on_step=progress)
+        if bar is not None:
+            bar.close()
+    except (CostInputError, CorpusError) as exc:
+        print(f"depthscope train: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(
+            f"{result.status}: {result.reason}\n"
+            f"final val_loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f})\n"
+            f"tokens {result.tokens_seen:,}  FLOPs {result.flops_spent:.3e}  "
+            f"wall {result.wall_time_s:.1f}s  {result.tokens_per_s:,.0f} tokens/s\n"
+            f"peak memory {result.peak_memory_bytes / 2**20:.0f} MiB ({result.memory_kind})  "
+            f"corpus {result.corpus.get('name')} {str(result.corpus.get('checksum'))[:12]}"
+        )
+    return 0 if result.status != "diverged" else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depthscope",
@@ -175,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _add_cost_parser(sub)
+    _add_train_parser(sub)
     return parser
 
 

@@ -1,0 +1,65 @@
+"""The Ray entry points on a real local Ray: a plain task, a streaming task, cancellation."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from cost_model import ArchConfig
+from workers.train import EvalPoint, TrainResult, TrainSpec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+SPEC = TrainSpec(
+    arch=ArchConfig(
+        n_layers=1, d_model=32, n_heads=2, seq_len=32, variant="block_attnres", block_size=1
+    ),
+    budget_tokens=4 * 32 * 30,
+    batch_size=4,
+    eval_interval=10,
+    threads=1,
+)
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[object]:
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_plain_task_returns_the_result(ray_local) -> None:  # type: ignore[no-untyped-def]
+    from workers.task import train_task
+
+    result = ray_local.get(train_task.remote(SPEC), timeout=180)
+    assert isinstance(result, TrainResult)
+    assert result.status == "completed" and result.steps == 30
+    assert [p.step for p in result.curve] == [10, 20, 30]
+
+
+def test_streaming_task_yields_points_then_the_result(ray_local) -> None:  # type: ignore[no-untyped-def]
+    from workers.task import train_streaming
+
+    items = [ray_local.get(ref, timeout=180) for ref in train_streaming.remote(SPEC)]
+    assert [type(i) for i in items] == [EvalPoint, EvalPoint, EvalPoint, TrainResult]
+    result = items[-1]
+    assert [p.val_loss for p in items[:-1]] == [p.val_loss for p in result.curve]
+
+
+def test_cancelling_a_streaming_task_stops_it(ray_local) -> None:  # type: ignore[no-untyped-def]
+    from workers.task import train_streaming
+
+    long = SPEC.replace(budget_tokens=4 * 32 * 100_000, eval_interval=5)
+    gen = train_streaming.remote(long)
+    first = ray_local.get(next(gen), timeout=180)
+    assert isinstance(first, EvalPoint) and first.step == 5
+    ray_local.cancel(gen)
+    with pytest.raises(
+        (ray_local.exceptions.TaskCancelledError, ray_local.exceptions.RayTaskError)
+    ):
+        for ref in gen:
+            ray_local.get(ref, timeout=60)

@@ -1,0 +1,398 @@
+"""Corpora for training candidates: the built-in default and user-supplied files.
+
+Conventions:
+- Text is tokenised at the byte level: one token per UTF-8 byte, vocab 256, stored as uint16.
+- A corpus is a list of documents (files, or 64 KiB chunks of a single file). A document goes
+  wholly to validation or wholly to train, decided by a stable hash of its id alone, so the
+  same documents are always in validation and no text leaks across the split.
+- Pre-tokenised files (`.bin`, `.u16`, `.u32`, or an explicit `token_dtype`) hold raw
+  little-endian tokens with no documents: validation is their contiguous tail.
+- Token arrays are read-only 1-D numpy arrays; batches are int64 CPU tensors.
+- Every problem raises `CorpusError(field, reason)`, whose message names the path.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import hashlib
+import logging
+import os
+import platform
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+BUILTIN = "builtin"
+BYTE_VOCAB = 256
+DEFAULT_BUILTIN_BYTES = 8 * 2**20  # ≈ 2/3 of the stdlib's 12 MB of non-test sources
+CHUNK_BYTES = 64 * 2**10  # document size when a single text file is the whole corpus
+TOKEN_DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
+TOKEN_SUFFIXES = {".bin": "uint16", ".u16": "uint16", ".u32": "uint32"}  # .bin: nanoGPT's
+_STDLIB_EXCLUDED = frozenset(
+    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+)
+
+
+class CorpusError(ValueError):
+    """An unusable corpus or corpus request. `field` names the offending input, `reason` why."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+class Document(NamedTuple):
+    """One unit of the split: `doc_id` (a relative POSIX path or chunk index) and its bytes."""
+
+    doc_id: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    """The identity of a corpus, recorded in every training result.
+
+    `checksum` is the sha256 hex of the token dtype and split sizes followed by the train
+    tokens then the validation tokens (little-endian bytes), so the same tokens split
+    differently have a different checksum.
+    """
+
+    name: str
+    checksum: str
+    n_tokens: int
+    n_train_tokens: int
+    n_val_tokens: int
+    vocab_size: int
+    source: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class Corpus:
+    """Train and validation tokens (read-only 1-D arrays) with their `CorpusInfo`."""
+
+    train: np.ndarray
+    val: np.ndarray
+    info: CorpusInfo
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens are in [0, vocab_size)."""
+        return self.info.vocab_size
+
+    def split(self, name: str) -> np.ndarray:
+        """The token array of split `name` ("train" or "val")."""
+        if name == "train":
+            return self.train
+        if name == "val":
+            return self.val
+        raise CorpusError("split", f"must be 'train' or 'val', got {name!r}")
+
+    def check_fits(self, batch_size: int, seq_len: int) -> None:
+        """Raise unless both splits hold at least one window of `seq_len` + 1 tokens."""
+        if batch_size < 1:
+            raise CorpusError("batch_size", f"must be at least 1, got {batch_size}")
+        if seq_len < 1:
+            raise CorpusError("seq_len", f"must be at least 1, got {seq_len}")
+        for name in ("train", "val"):
+            n = len(self.split(name))
+            if n < seq_len + 1:
+                raise CorpusError(
+                    "seq_len",
+                    f"the {name} split of {self.info.source} holds {n} tokens; "
+                    f"seq_len {seq_len} needs at least {seq_len + 1}",
+                )
+
+    def batch(
+        self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and next-token targets, int64 (B, T), from random offsets drawn with the
+        (CPU) `generator`: the same generator state gives the same batch."""
+        self.check_fits(batch_size, seq_len)
+        data = self.split(split)
+        offsets = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)
+        return _windows(data, offsets.numpy(), seq_len)
+
+    def eval_batches(
+        self, batch_size: int, seq_len: int, n_batches: int
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A fixed list of validation batches at evenly spaced offsets spanning the whole
+        split (first offset 0, last at the end), so every candidate sees the same tokens."""
+        self.check_fits(batch_size, seq_len)
+        if n_batches < 1:
+            raise CorpusError("n_batches", f"must be at least 1, got {n_batches}")
+        last = len(self.val) - seq_len - 1
+        offsets = np.linspace(0, last, num=batch_size * n_batches).round().astype(np.int64)
+        return [
+            _windows(self.val, offsets[i * batch_size : (i + 1) * batch_size], seq_len)
+            for i in range(n_batches)
+        ]
+
+
+def _windows(
+    data: np.ndarray, offsets: np.ndarray, seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Windows of seq_len + 1 tokens at `offsets`, as (inputs, targets shifted by one)."""
+    index = offsets[:, None] + np.arange(seq_len + 1)  # (B, T + 1)
+    window = torch.from_numpy(data[index].astype(np.int64))  # (B, T + 1)
+    return window[:, :-1].contiguous(), window[:, 1:].contiguous()
+
+
+def is_validation(doc_id: str, val_fraction: float) -> bool:
+    """The hash rule: sha256(doc_id) mod 1000 < val_fraction * 1000. Depends on the id only."""
+    return _bucket(doc_id) < round(val_fraction * 1000)
+
+
+def _bucket(doc_id: str) -> int:
+    return int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big") % 1000
+
+
+def assign_documents(doc_ids: Sequence[str], val_fraction: float) -> list[bool]:
+    """True for each document in validation. Follows `is_validation`, except that with two or
+    more documents both splits are made non-empty: if none is in validation, the one with the
+    lowest bucket moves there; if all are, the one with the highest bucket moves to train."""
+    flags = [is_validation(d, val_fraction) for d in doc_ids]
+    if len(flags) >= 2 and (all(flags) or not any(flags)):
+        pick = (max if all(flags) else min)(range(len(flags)), key=lambda i: _bucket(doc_ids[i]))
+        flags[pick] = not flags[pick]
+    return flags
+
+
+def _select(sizes: Sequence[int], ids: Sequence[str], max_bytes: int | None) -> list[int]:
+    """Indices of the documents kept under `max_bytes`: greedily in a salted-hash order (a
+    stable shuffle, not the alphabetical prefix), returned in their original order."""
+    if max_bytes is None or sum(sizes) <= max_bytes:
+        return list(range(len(sizes)))
+    order = sorted(
+        range(len(ids)), key=lambda i: hashlib.sha256(b"select:" + ids[i].encode()).digest()
+    )
+    kept, total = [], 0
+    for i in order:
+        if total + sizes[i] <= max_bytes:
+            kept.append(i)
+            total += sizes[i]
+    return sorted(kept)
+
+
+def stdlib_documents(max_bytes: int | None = DEFAULT_BUILTIN_BYTES) -> list[Document]:
+    """The built-in corpus's documents: the standard library's `.py` sources (no tests, no
+    site-packages), in sorted relative-path order, each `# ==== <path> ====\\n` + source."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths: list[str] = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _STDLIB_EXCLUDED)
+        rel = Path(folder).relative_to(root)
+        paths += [(rel / f).as_posix() for f in files if f.endswith(".py")]
+    paths.sort()
+    header = {p: f"# ==== {p} ====\n".encode() for p in paths}
+    sizes = [len(header[p]) + (root / p).stat().st_size for p in paths]
+    docs = []
+    for i in _select(sizes, paths, max_bytes):
+        data = (root / paths[i]).read_bytes()
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            log.debug("skipping %s: not UTF-8", paths[i])
+            continue
+        docs.append(Document(paths[i], header[paths[i]] + data))
+    return docs
+
+
+def _read_text(path: Path, max_bytes: int | None = None) -> bytes:
+    """The bytes of a regular UTF-8 text file (the first `max_bytes` if given)."""
+    _check_regular(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read() if max_bytes is None else f.read(max_bytes)
+            truncated = max_bytes is not None and f.read(1) != b""
+    except OSError as e:
+        raise CorpusError("corpus", f"cannot read {path}: {e.strerror or e}") from e
+    try:  # a cut in the middle of a character is not an error when truncated
+        codecs.getincrementaldecoder("utf-8")().decode(data, final=not truncated)
+    except UnicodeDecodeError as e:
+        raise CorpusError(
+            "corpus",
+            f"{path} is not valid UTF-8 text (byte {e.start}); "
+            "pass token_dtype='uint16' or 'uint32' if it holds tokens",
+        ) from e
+    return data
+
+
+def _check_regular(path: Path) -> None:
+    if path.is_symlink() and not path.exists():
+        raise CorpusError("corpus", f"{path} is a broken symbolic link")
+    if not path.exists():
+        raise CorpusError("corpus", f"{path} does not exist")
+    if not path.is_file():
+        raise CorpusError("corpus", f"{path} is not a regular file")
+
+
+def _folder_documents(folder: Path, max_bytes: int | None) -> list[Document]:
+    """Every file under `folder` (recursively, sorted, hidden entries skipped), one document
+    each, ending with a newline."""
+    paths = []
+    for sub, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        rel = Path(sub).relative_to(folder)
+        paths += [(rel / f).as_posix() for f in files if not f.startswith(".")]
+    paths.sort()
+    for p in paths:
+        _check_regular(folder / p)
+    sizes = [(folder / p).stat().st_size + 1 for p in paths]
+    docs = []
+    for i in _select(sizes, paths, max_bytes):
+        data = _read_text(folder / paths[i])
+        if data:
+            docs.append(Document(paths[i], data if data.endswith(b"\n") else data + b"\n"))
+    return docs
+
+
+def _split_documents(
+    docs: Sequence[Document], val_fraction: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Byte tokens of the train and validation documents. A single document is split
+    contiguously instead: its last `val_fraction` goes to validation."""
+    if len(docs) == 1:
+        data = docs[0].data
+        n_val = max(1, round(len(data) * val_fraction))
+        return _bytes_tokens(data[:-n_val]), _bytes_tokens(data[-n_val:])
+    flags = assign_documents([d.doc_id for d in docs], val_fraction)
+    train = b"".join(d.data for d, v in zip(docs, flags, strict=True) if not v)
+    val = b"".join(d.data for d, v in zip(docs, flags, strict=True) if v)
+    return _bytes_tokens(train), _bytes_tokens(val)
+
+
+def _bytes_tokens(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
+
+
+def _read_tokens(path: Path, dtype_name: str, max_bytes: int | None) -> np.ndarray:
+    """Raw little-endian tokens of `path` (the first `max_bytes // itemsize` if given)."""
+    if path.is_dir():
+        raise CorpusError("corpus", f"{path} is a folder; token_dtype needs one token file")
+    _check_regular(path)
+    dtype = TOKEN_DTYPES[dtype_name]
+    size = path.stat().st_size
+    if size % dtype.itemsize:
+        raise CorpusError(
+            "corpus",
+            f"{path} holds {size} bytes, not a multiple of {dtype.itemsize} ({dtype_name})",
+        )
+    count = -1 if max_bytes is None else max_bytes // dtype.itemsize
+    try:
+        return np.fromfile(path, dtype=dtype, count=count)
+    except OSError as e:
+        raise CorpusError("corpus", f"cannot read {path}: {e.strerror or e}") from e
+
+
+def _make_corpus(
+    train: np.ndarray, val: np.ndarray, *, name: str, source: str, vocab_size: int | None
+) -> Corpus:
+    """Validate the two splits, compute the checksum and freeze the arrays."""
+    if len(train) == 0 and len(val) == 0:
+        raise CorpusError("corpus", f"{source} holds no tokens")
+    if len(train) == 0 or len(val) == 0:
+        raise CorpusError("corpus", f"{source} holds too few tokens to split (need at least 2)")
+    needed = int(max(train.max(), val.max())) + 1
+    if vocab_size is not None and vocab_size < needed:
+        raise CorpusError("vocab_size", f"{vocab_size} is below {needed}, needed by {source}")
+    digest = hashlib.sha256(f"{train.dtype.str}:{len(train)}:{len(val)}\n".encode())
+    for arr in (train, val):
+        digest.update(np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes())
+        arr.setflags(write=False)
+    info = CorpusInfo(
+        name=name,
+        checksum=digest.hexdigest(),
+        n_tokens=len(train) + len(val),
+        n_train_tokens=len(train),
+        n_val_tokens=len(val),
+        vocab_size=vocab_size or needed,
+        source=source,
+    )
+    log.info("corpus %s: %d tokens (%d train, %d val)", name, info.n_tokens, len(train), len(val))
+    return Corpus(train, val, info)
+
+
+@functools.lru_cache(maxsize=4)
+def _builtin_corpus(max_bytes: int, val_fraction: float, vocab_size: int) -> Corpus:
+    """The built-in corpus, tokenised once per process (its arrays are read-only)."""
+    start = time.perf_counter()
+    docs = stdlib_documents(max_bytes)
+    if not docs:
+        raise CorpusError("corpus", f"no standard library file fits in max_bytes={max_bytes}")
+    train, val = _split_documents(docs, val_fraction)
+    name = f"stdlib-py{sys.version_info.major}.{sys.version_info.minor}"
+    source = f"{BUILTIN}:python-stdlib-{platform.python_version()}"  # no machine path
+    corpus = _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size)
+    log.info("built-in corpus loaded in %.2f s", time.perf_counter() - start)
+    return corpus
+
+
+def load_corpus(
+    source: str | os.PathLike[str] | None = None,
+    *,
+    val_fraction: float = 0.1,
+    max_bytes: int | None = None,
+    token_dtype: str | None = None,
+    vocab_size: int | None = None,
+) -> Corpus:
+    """Load a corpus and split it into train and validation.
+
+    `source`: None or "builtin" (the standard library's sources, cached per process; a
+    folder named "builtin" is reached as "./builtin"), a UTF-8 text file (64 KiB chunks are
+    its documents), a folder (its files are the documents), or a token file (`.bin`/`.u16`
+    uint16, `.u32` uint32, or any file with `token_dtype`). `max_bytes` caps what is read
+    (default: ≈ 8 MiB for the built-in corpus, everything otherwise). `vocab_size` defaults
+    to 256 for text and max token + 1 for token files; a smaller one is an error.
+    """
+    if not 0 < val_fraction <= 0.5:  # also rejects NaN
+        raise CorpusError("val_fraction", f"must be in (0, 0.5], got {val_fraction}")
+    if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
+        known = ", ".join(TOKEN_DTYPES)
+        raise CorpusError("token_dtype", f"unknown {token_dtype!r}; known: {known}")
+    if max_bytes is not None and max_bytes < 1:
+        raise CorpusError("max_bytes", f"must be at least 1, got {max_bytes}")
+    if vocab_size is not None and vocab_size < 1:
+        raise CorpusError("vocab_size", f"must be at least 1, got {vocab_size}")
+    if source is None or (isinstance(source, str) and source == BUILTIN):
+        if token_dtype is not None:
+            raise CorpusError("token_dtype", "the built-in corpus is byte-level text")
+        return _builtin_corpus(
+            max_bytes or DEFAULT_BUILTIN_BYTES, val_fraction, vocab_size or BYTE_VOCAB
+        )
+    path = Path(source).expanduser()
+    shown = str(path)
+    dtype_name = token_dtype or TOKEN_SUFFIXES.get(path.suffix.lower())
+    if dtype_name is not None:
+        tokens = _read_tokens(path, dtype_name, max_bytes)
+        n_val = min(len(tokens), max(1, round(len(tokens) * val_fraction)))
+        train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+        return _make_corpus(train, val, name=path.name, source=shown, vocab_size=vocab_size)
+    if path.is_dir():
+        docs = _folder_documents(path, max_bytes)
+    else:
+        data = _read_text(path, max_bytes)
+        docs = [
+            Document(str(i), data[start : start + CHUNK_BYTES])
+            for i, start in enumerate(range(0, len(data), CHUNK_BYTES))
+        ]
+    if not docs:
+        raise CorpusError("corpus", f"{shown} holds no tokens")
+    train, val = _split_documents(docs, val_fraction)
+    return _make_corpus(
+        train, val, name=path.name, source=shown, vocab_size=vocab_size or BYTE_VOCAB
+    )

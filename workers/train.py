@@ -1,0 +1,370 @@
+"""The fixed-budget trainer: one `TrainSpec` in, one `TrainResult` out.
+
+Under a FLOPs budget the number of training tokens comes from `cost_model.budget`, so every
+candidate of a search spends the compute it was given (to within one optimizer step: the run
+trains floor(tokens / tokens-per-step) whole steps and reports the FLOPs it spent). Validation
+losses are reported to a callback at a fixed cadence; the callback may stop the run (this is
+what pruning uses). A NaN or exploding loss ends the run as `diverged`, never as an exception.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cost_model import ArchConfig, CostInputError, param_count, tokens_for_budget
+from cost_model.flops import training_flops_per_token
+from workers.data import Corpus, load_corpus
+from workers.model import build_model
+
+log = logging.getLogger(__name__)
+
+SCHEDULES = ("cosine", "wsd")
+STATUSES = ("completed", "stopped", "diverged")
+
+
+class TrainSpecError(CostInputError):
+    """An invalid training specification (`field`, `reason`)."""
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """Everything one training run needs. Sequences are `arch.seq_len` tokens long.
+
+    Exactly one of `budget_flops` (training FLOPs, causal count of `cost_model.flops`) and
+    `budget_tokens` is given. Learning rate: linear warmup over `warmup_frac` of the steps,
+    then cosine decay to `min_lr_ratio`·lr, or WSD (warmup, stable, then a linear decay over the
+    last `decay_frac`). Validation every `eval_interval` steps (None: `n_evals` evenly spaced
+    evaluations) on `eval_batches` fixed batches.
+    """
+
+    arch: ArchConfig
+    budget_flops: float | None = None
+    budget_tokens: int | None = None
+    batch_size: int = 16
+    lr: float = 3e-3
+    schedule: str = "cosine"
+    warmup_frac: float = 0.05
+    decay_frac: float = 0.2  # WSD only
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    seed: int = 0
+    eval_interval: int | None = None
+    n_evals: int = 10
+    eval_batches: int = 8
+    corpus: str | None = None  # None: the built-in corpus
+    val_fraction: float = 0.1
+    device: str = "auto"  # auto | cpu | cuda
+    compile: bool = False
+    threads: int | None = None  # torch intra-op threads (None: leave as is)
+    divergence_factor: float = 3.0  # loss above factor · ln(vocab) counts as exploding
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arch, ArchConfig):
+            raise TrainSpecError("arch", "must be an ArchConfig")
+        if (self.budget_flops is None) == (self.budget_tokens is None):
+            raise TrainSpecError("budget", "give exactly one of budget_flops and budget_tokens")
+        if self.budget_flops is not None and not self.budget_flops > 0:
+            raise TrainSpecError("budget_flops", f"must be positive, got {self.budget_flops}")
+        if self.budget_tokens is not None and self.budget_tokens < 1:
+            raise TrainSpecError("budget_tokens", f"must be positive, got {self.budget_tokens}")
+        positive_ints = ("batch_size", "n_evals", "eval_batches")
+        for name in positive_ints:
+            if getattr(self, name) < 1:
+                raise TrainSpecError(name, f"must be positive, got {getattr(self, name)}")
+        if self.eval_interval is not None and self.eval_interval < 1:
+            raise TrainSpecError("eval_interval", f"must be positive, got {self.eval_interval}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise TrainSpecError("lr", f"must be a positive number, got {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise TrainSpecError(
+                "schedule", f"unknown value {self.schedule!r}; expected cosine or wsd"
+            )
+        for name in ("warmup_frac", "decay_frac", "min_lr_ratio"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise TrainSpecError(name, f"must lie in [0, 1], got {getattr(self, name)}")
+        if self.weight_decay < 0:
+            raise TrainSpecError("weight_decay", f"must be non-negative, got {self.weight_decay}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise TrainSpecError(
+                "device", f"unknown value {self.device!r}; expected auto, cpu or cuda"
+            )
+        if self.threads is not None and self.threads < 1:
+            raise TrainSpecError("threads", f"must be positive, got {self.threads}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.batch_size * self.arch.seq_len
+
+    def planned_tokens(self) -> int:
+        """The tokens the budget buys (before rounding down to whole steps)."""
+        if self.budget_tokens is not None:
+            return self.budget_tokens
+        assert self.budget_flops is not None
+        return tokens_for_budget(self.arch, self.budget_flops)
+
+    def planned_steps(self) -> int:
+        return self.planned_tokens() // self.tokens_per_step
+
+    def replace(self, **changes: Any) -> TrainSpec:
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class EvalPoint:
+    """One validation measurement during training."""
+
+    step: int
+    tokens: int
+    flops: float
+    val_loss: float
+    train_loss: float
+    elapsed_s: float
+
+
+@dataclass
+class TrainResult:
+    """The outcome of one run. `status` is completed, stopped (by the callback) or diverged."""
+
+    status: str
+    reason: str
+    final_val_loss: float  # NaN when the run diverged before any evaluation
+    best_val_loss: float
+    final_train_loss: float
+    curve: list[EvalPoint]
+    steps: int
+    tokens_seen: int
+    flops_spent: float
+    flops_budget: float | None
+    wall_time_s: float
+    tokens_per_s: float
+    peak_memory_bytes: int
+    memory_kind: str  # cuda_max_allocated | cpu_peak_rss
+    device: str
+    params: int
+    corpus: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def lr_at(spec: TrainSpec, step: int, total: int) -> float:
+    """Learning rate at `step` (0-based) of `total` steps."""
+    warmup = max(1, int(spec.warmup_frac * total)) if spec.warmup_frac > 0 else 0
+    floor = spec.min_lr_ratio * spec.lr
+    if step < warmup:
+        return spec.lr * (step + 1) / warmup
+    if spec.schedule == "cosine":
+        progress = (step - warmup) / max(1, total - warmup)
+        return floor + (spec.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    decay_start = total - int(spec.decay_frac * total)
+    if step < decay_start:
+        return spec.lr
+    progress = (step - decay_start + 1) / max(1, total - decay_start)
+    return spec.lr + (floor - spec.lr) * min(1.0, progress)
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise TrainSpecError("device", "cuda requested but no CUDA device is present")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def _rss_bytes() -> int:
+    """Current resident set size of this process (Linux /proc), 0 where unavailable."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices (and embeddings) only, not on gains, biases or the
+    depth-mixing vectors (pseudo-queries, DWA weights)."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": spec.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2))
+
+
+@torch.no_grad()
+def evaluate(
+    model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device
+) -> float:
+    """Mean validation cross-entropy over fixed batches (nats per token)."""
+    was_training = model.training
+    model.eval()
+    total = 0.0
+    for x, y in batches:
+        with _autocast(device):
+            _, loss = model(x.to(device), y.to(device))
+        total += float(loss)
+    model.train(was_training)
+    return total / len(batches)
+
+
+def _autocast(device: torch.device) -> Any:
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+StopCallback = Callable[[EvalPoint], bool | None]
+ProgressCallback = Callable[[int, int, float], None]
+
+
+def train(
+    spec: TrainSpec,
+    on_eval: StopCallback | None = None,
+    on_step: ProgressCallback | None = None,
+    corpus: Corpus | None = None,
+) -> TrainResult:
+    """Train `spec` for exactly its budget's whole steps.
+
+    `on_eval(point)` is called after every evaluation; returning True stops the run
+    (status `stopped`). `on_step(step, steps, loss)` reports progress. Raises `TrainSpecError`
+    (or the corpus's `CorpusError`) for an invalid spec before any training; a NaN or exploding
+    loss is a result (`diverged`), not an exception."""
+    run = training_run(spec, on_step, corpus)
+    try:
+        point = next(run)
+        while True:
+            stop = bool(on_eval(point)) if on_eval is not None else False
+            point = run.send(stop)
+    except StopIteration as finished:
+        result: TrainResult = finished.value
+        return result
+
+
+def training_run(
+    spec: TrainSpec,
+    on_step: ProgressCallback | None = None,
+    corpus: Corpus | None = None,
+) -> Generator[EvalPoint, bool, TrainResult]:
+    """The training loop as a generator: yields every `EvalPoint` and receives whether to stop
+    (`run.send(True)`); returns the `TrainResult` (as StopIteration's value). `train` drives
+    it with a callback; the Ray task streams its points."""
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    corpus = corpus or load_corpus(spec.corpus, val_fraction=spec.val_fraction)
+    cfg = spec.arch
+    if corpus.vocab_size > cfg.vocab_size:
+        raise TrainSpecError(
+            "arch.vocab_size",
+            f"the corpus has {corpus.vocab_size} token ids, the model only {cfg.vocab_size}",
+        )
+    corpus.check_fits(spec.batch_size, cfg.seq_len)
+    steps = spec.planned_steps()
+    if steps < 1:
+        raise TrainSpecError(
+            "budget",
+            f"buys {spec.planned_tokens()} tokens, fewer than one step of "
+            f"{spec.tokens_per_step} (batch_size × seq_len)",
+        )
+    device = resolve_device(spec.device)
+    torch.manual_seed(spec.seed)
+    model = build_model(cfg).to(device)
+    params = int(param_count(cfg).total)
+    step_model: Any = torch.compile(model) if spec.compile else model
+    opt = _optimizer(model, spec)
+    gen = torch.Generator().manual_seed(spec.seed)
+    eval_batches = corpus.eval_batches(spec.batch_size, cfg.seq_len, spec.eval_batches)
+    interval = spec.eval_interval or max(1, steps // spec.n_evals)
+    flops_per_token = float(training_flops_per_token(cfg, causal=True))
+    explode_at = spec.divergence_factor * math.log(cfg.vocab_size)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    peak_rss = _rss_bytes()
+
+    curve: list[EvalPoint] = []
+    status, reason = "completed", f"trained {steps} steps"
+    train_loss = float("nan")
+    done = 0
+    start = time.perf_counter()
+    model.train()
+    for step in range(steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(spec, step, steps)
+        x, y = corpus.batch("train", spec.batch_size, cfg.seq_len, gen)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with _autocast(device):
+            _, loss = step_model(x, y)
+        train_loss = loss.item()
+        if not math.isfinite(train_loss) or train_loss > explode_at:
+            status = "diverged"
+            reason = f"training loss {train_loss:.4g} at step {step} (limit {explode_at:.3g})"
+            break
+        loss.backward()
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip))
+        if not math.isfinite(grad_norm):
+            status, reason = "diverged", f"gradient norm {grad_norm} at step {step}"
+            break
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        done = step + 1
+        if on_step is not None:
+            on_step(done, steps, train_loss)
+        if device.type == "cpu" and done % 10 == 0:
+            peak_rss = max(peak_rss, _rss_bytes())
+        if done % interval == 0 or done == steps:
+            val = evaluate(step_model, eval_batches, device)
+            point = EvalPoint(
+                step=done,
+                tokens=done * spec.tokens_per_step,
+                flops=done * spec.tokens_per_step * flops_per_token,
+                val_loss=val,
+                train_loss=train_loss,
+                elapsed_s=time.perf_counter() - start,
+            )
+            curve.append(point)
+            if not math.isfinite(val) or val > explode_at:
+                status, reason = "diverged", f"validation loss {val:.4g} at step {done}"
+                break
+            stop = yield point
+            if stop and done < steps:
+                status, reason = "stopped", f"stopped by the callback after step {done}"
+                break
+    wall = time.perf_counter() - start
+    if device.type == "cuda":
+        peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
+    else:
+        peak, kind = max(peak_rss, _rss_bytes()), "cpu_peak_rss"
+    tokens_seen = done * spec.tokens_per_step
+    vals = [p.val_loss for p in curve if math.isfinite(p.val_loss)]
+    log.info("%s: %s (%d steps, %.1fs)", cfg.variant, reason, done, wall)
+    return TrainResult(
+        status=status,
+        reason=reason,
+        final_val_loss=curve[-1].val_loss if curve else float("nan"),
+        best_val_loss=min(vals) if vals else float("nan"),
+        final_train_loss=train_loss,
+        curve=curve,
+        steps=done,
+        tokens_seen=tokens_seen,
+        flops_spent=tokens_seen * flops_per_token,
+        flops_budget=spec.budget_flops,
+        wall_time_s=wall,
+        tokens_per_s=tokens_seen / wall if wall > 0 else 0.0,
+        peak_memory_bytes=peak,
+        memory_kind=kind,
+        device=str(device),
+        params=params,
+        corpus=corpus.info.as_dict(),
+    )
