@@ -167,10 +167,11 @@ def depth_mixing_activation_bytes(
 
     - AttnRes: every distinct source (L + 1: the embedding and L sublayer outputs for Full; the
       embedding and the L running block sums b_n^i for Block) is kept, with its RMS-normalised
-      key (e bytes each, plus its fp32 1/rms), and every depth-softmax weight (fp32, one per
-      attended source per sublayer and per aggregated source). The input-dependent query also
-      keeps the projected state and the query (2·e·d per sublayer). Without key norms only the
-      values are kept. With full recomputation only the values (the checkpoint inputs) stay.
+      key (e bytes each, plus its fp32 1/rms), and for every attended source of every
+      sublayer and of the aggregation its fp32 logit and weight. The input-dependent query
+      also keeps the normalised newest state, the projected query and the query after the
+      key gain (3·e·d per sublayer, plus a 1/rms). Without key norms only the values are kept.
+      With full recomputation only the values (the checkpoint inputs) stay.
     - mHC-lite, per sublayer: the n·d stream state and its normalised copy, the sublayer output
       for the H_post outer product, and per token the small coefficient tensors: the k raw
       coefficients, H_pre, σ(post) and H_post (n each), the n! permutation weights, H_res (n²)
@@ -185,8 +186,8 @@ def depth_mixing_activation_bytes(
         if recompute == "full":
             return e * n_values * d * sb
         keys = 0 if v == "attnres_no_key_norm" else n_values * (e * d + FP32)
-        weights = FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
-        query = 2 * e * d * cfg.n_sublayers if v == "attnres_input_query" else 0
+        weights = 2 * FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
+        query = (3 * e * d + FP32) * cfg.n_sublayers if v == "attnres_input_query" else 0
         return (e * n_values * d + keys + weights + query) * sb
     if v == "mhc_lite":
         n = cfg.streams

@@ -1,15 +1,17 @@
-"""Attention over depth: h = Σ_i α_i · v_i with α = softmax_i(qᵀk_i) (or a sigmoid, or given
-static weights), per token.
+"""Attention over depth: h = Σ_i α_i · v_i with α = softmax_i(qᵀk_i) (or a sigmoid), per token.
 
 `depth_attend` is a custom autograd function so that the backward pass keeps only the sources
 themselves (shared by every sublayer that attends to them) and the weights — O(L·d) saved
-memory for Full AttnRes instead of the O(L²·d) a stack per sublayer would save. The sources are
-stacked only transiently, inside forward and backward.
+memory for Full AttnRes instead of the O(L²·d) a stack per sublayer would save. It works
+source by source and never stacks the sources: one (B·T, d) × (d, 1) product per source for
+the logits, a fused multiply-add per source for the weighted sum (stacking k sources into one
+tensor costs more than the arithmetic on a CPU).
 
-FLOP counting (what `torch.utils.flop_counter` sees): the forward is two contractions, logits
-(2·k·d per token) and the weighted sum (2·k·d); the backward counts the weight-gradient and
-query-gradient contractions (2·k·d each); the per-source value and key gradients are broadcast
-products, which a FLOP counter does not count.
+FLOP counting (what `torch.utils.flop_counter` sees): with a pseudo-query (d,), the logits
+(2·k·d per token) in the forward and the query gradient (2·k·d) in the backward are matrix
+products; the weighted sum, the weight gradients and the per-source key and value gradients
+are element-wise multiply-adds, which a FLOP counter does not count. With an input-dependent
+query (B, T, d) every term is element-wise.
 """
 
 from __future__ import annotations
@@ -18,86 +20,121 @@ from typing import Any
 
 import torch
 
+from workers.model import layers
 from workers.model.layers import upcast
 
 
-def _logits(query: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
-    """K (B, T, k, d), query (d,) or (B, T, d) → logits (B, T, k) in fp32.
-
-    Written as matrix products (mm / bmm) so that a FLOP counter sees every contraction."""
+def _logit(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
+    """qᵀk per token, fp32 (or fp64): key (B, T, d), query (d,) or (B, T, d) → (B, T)."""
+    k = upcast(key)
     if query.dim() == 1:
-        return (upcast(K) @ upcast(query)[:, None]).squeeze(-1)
-    return (upcast(K) @ upcast(query)[..., None]).squeeze(-1)
+        return (k.reshape(-1, k.shape[-1]) @ upcast(query)[:, None]).view(k.shape[:-1])
+    return (k * upcast(query)).sum(-1)
 
 
 def _weights(logits: torch.Tensor, gate: str) -> torch.Tensor:
     if gate == "softmax":
-        return logits.softmax(dim=-1)
+        return logits.softmax(dim=0)
     if gate == "sigmoid":
         return logits.sigmoid()
     raise ValueError(f"gate: unknown value {gate!r}")
 
 
+def _weighted_sum(weights: torch.Tensor, values: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Σ_i weights[i] (B, T) · values[i] (B, T, d), one fused multiply-add per source."""
+    w = weights.to(values[0].dtype)
+    out = values[0] * w[0, ..., None]
+    for i in range(1, len(values)):
+        out.addcmul_(values[i], w[i, ..., None])
+    return out
+
+
 class _DepthAttention(torch.autograd.Function):
+    """Inputs: query, gate, n, then n values, n keys and n key scales (1/rms, or None-free
+    when the keys are the raw values: `scales` empty). Gradients flow to the query and the
+    values only; the keys' normalisation is differentiated here, in closed form."""
+
     @staticmethod
     def forward(
-        ctx: Any, query: torch.Tensor, gate: str, shared: bool, *tensors: torch.Tensor
+        ctx: Any, query: torch.Tensor, gate: str, n: int, *tensors: torch.Tensor
     ) -> torch.Tensor:
-        n = len(tensors) if shared else len(tensors) // 2
-        keys, values = tensors[:n], tensors[n:]
-        K = torch.stack(keys, dim=2)  # (B, T, k, d), transient
-        V = K if shared else torch.stack(values, dim=2)
-        weights = _weights(_logits(query, K), gate)  # (B, T, k) fp32
-        out = (weights.to(V.dtype)[..., None, :] @ V).squeeze(-2)  # (B, T, d)
-        ctx.gate, ctx.n, ctx.shared = gate, n, shared
-        ctx.save_for_backward(query, weights, *keys, *(() if shared else values))
-        return out
+        values, keys, scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        keys = keys or values
+        logits = torch.stack([_logit(query, k) for k in keys])  # (k, B, T) fp32
+        weights = _weights(logits, gate)
+        ctx.gate, ctx.n, ctx.normed = gate, n, bool(scales)
+        normed = (*keys, *scales) if scales else ()
+        ctx.save_for_backward(query, weights, logits, *values, *normed)
+        return _weighted_sum(weights, values)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
-        query, weights, *rest = ctx.saved_tensors
+        query, weights, logits, *rest = ctx.saved_tensors
         n = ctx.n
-        keys = rest[:n]
-        values = keys if ctx.shared else rest[n:]
-        K = torch.stack(keys, dim=2)  # (B, T, k, d)
-        V = K if ctx.shared else torch.stack(values, dim=2)
-        g = grad.to(V.dtype)
-        d_weights = upcast((V @ g[..., None]).squeeze(-1))  # (B, T, k)
+        values = rest[:n]
+        keys = rest[n : 2 * n] if ctx.normed else values
+        scales = rest[2 * n :] if ctx.normed else None
+        g = upcast(grad)
+        d_weights = torch.stack([torch.linalg.vecdot(upcast(v), g) for v in values])  # (k, B, T)
         if ctx.gate == "softmax":
-            d_logits = weights * (d_weights - (weights * d_weights).sum(-1, keepdim=True))
+            d_logits = weights * (d_weights - (weights * d_weights).sum(0, keepdim=True))
         else:
             d_logits = d_weights * weights * (1 - weights)
-        Kf = upcast(K)
-        if query.dim() == 1:
-            d = Kf.shape[-1]
-            d_query = (d_logits.reshape(1, -1) @ Kf.reshape(-1, d)).reshape(d).to(query.dtype)
-            q_b = upcast(query)
-        else:
-            d_query = (d_logits[..., None, :] @ Kf).squeeze(-2).to(query.dtype)  # (B, T, d)
-            q_b = upcast(query)[..., None, :]
-        d_keys = (d_logits[..., None] * q_b).to(K.dtype)  # (B, T, k, d)
-        d_values = weights.to(g.dtype)[..., None] * g[..., None, :]  # (B, T, k, d)
-        if ctx.shared:
-            return (d_query, None, None, *(d_keys + d_values).unbind(2))
-        return (d_query, None, None, *d_keys.unbind(2), *d_values.unbind(2))
+        q = upcast(query)
+        static = query.dim() == 1
+        d_query = None
+        d_values = []
+        for i in range(n):
+            dl = d_logits[i]  # (B, T)
+            key = upcast(keys[i])
+            if static:
+                term = (dl.reshape(1, -1) @ key.reshape(-1, key.shape[-1])).reshape(-1)  # (d,)
+            else:
+                term = dl[..., None] * key
+            d_query = term if d_query is None else d_query + term
+            # value path: α_i·g; key path: k_i = v_i·r_i (parameter-free RMS norm), so
+            # dL/dv_i = r_i·dl_i·(q − k_i·(qᵀk_i)/d), with qᵀk_i the logit.
+            dv = g * weights[i, ..., None]
+            if scales is None:
+                dv.addcmul_(q, dl[..., None])
+            else:
+                coef = upcast(scales[i]) * dl[..., None]  # (B, T, 1)
+                dv.addcmul_(q, coef)
+                dv.addcmul_(key, -coef * (logits[i][..., None] / key.shape[-1]))
+            d_values.append(dv.to(values[i].dtype))
+        assert d_query is not None
+        scale_grads = [None] * (2 * n) if scales is not None else []
+        return (d_query.to(query.dtype), None, None, *d_values, *scale_grads)
+
+
+def rms_key(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The parameter-free RMS-normalised key of a source and its scale 1/rms (B, T, 1), both
+    outside autograd: `depth_attend` differentiates the normalisation itself."""
+    with torch.no_grad():
+        vf = upcast(v)
+        scale = torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + layers.NORM_EPS)
+        return (vf * scale).to(v.dtype), scale
 
 
 def depth_attend(
     query: torch.Tensor,
-    keys: list[torch.Tensor],
-    values: list[torch.Tensor] | None = None,
+    values: list[torch.Tensor],
+    keys: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     gate: str = "softmax",
 ) -> torch.Tensor:
     """Σ_i α_i·v_i with α = gate(query·k_i) over the sources (softmax over depth).
 
-    query: (d,) (a pseudo-query) or (B, T, d) (input-dependent); keys, values: lists of
-    (B, T, d). `values=None` means keys are the values (no key norm)."""
-    values = keys if values is None else values
-    if len(keys) != len(values) or not keys:
-        raise ValueError("depth_attend needs as many keys as values, at least one")
-    if values is keys:
-        return _DepthAttention.apply(query, gate, True, *keys)
-    return _DepthAttention.apply(query, gate, False, *keys, *values)
+    query: (d,) (a pseudo-query) or (B, T, d) (input-dependent); values: list of (B, T, d);
+    keys: per value its `rms_key` (normalised key, scale), or None when the raw values are
+    the keys (no key norm)."""
+    if not values or (keys is not None and len(keys) != len(values)):
+        raise ValueError("depth_attend needs one key per value, at least one")
+    n = len(values)
+    if keys is None:
+        return _DepthAttention.apply(query, gate, n, *values)
+    return _DepthAttention.apply(
+        query, gate, n, *values, *(k for k, _ in keys), *(s for _, s in keys)
+    )
 
 
 class _WeightedSum(torch.autograd.Function):

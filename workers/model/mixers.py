@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from cost_model import ArchConfig
-from workers.model.depth_attention import depth_attend, weighted_sum
+from workers.model.depth_attention import depth_attend, rms_key, weighted_sum
 from workers.model.layers import rms_normalize, upcast
 
 Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
+Key = tuple[torch.Tensor, torch.Tensor] | None  # a source's (normalised key, 1/rms)
 
 
 class DepthMixer(nn.Module, ABC):
@@ -109,41 +110,46 @@ class _AttnResBase(DepthMixer):
             nn.Parameter(torch.zeros(sub, d, d)) if cfg.variant == "attnres_input_query" else None
         )
 
-    def key(self, v: torch.Tensor) -> torch.Tensor:
-        return rms_normalize(v) if self.key_norm else v
+    def key(self, v: torch.Tensor) -> Key:
+        """The source's normalised key and 1/rms (None when the raw sources are the keys)."""
+        return rms_key(v) if self.key_norm else None
 
-    def query(self, l: int, newest_key: torch.Tensor | None = None) -> torch.Tensor:
+    def query(self, l: int, newest: torch.Tensor | None = None) -> torch.Tensor:
         q = self.queries[l]
-        if self.input_proj is not None and newest_key is not None:
-            q = q + newest_key @ self.input_proj[l].T  # (B, T, d)
+        if self.input_proj is not None and newest is not None:
+            state = rms_normalize(newest) if self.key_norm else newest
+            q = q + state @ self.input_proj[l].T  # (B, T, d)
         if self.key_gains is not None:
             q = q * self.key_gains[l]
         return q
 
-    def aggregate(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        q = self.agg_query if self.agg_key_gain is None else self.agg_query * self.agg_key_gain
-        return depth_attend(q, keys, values if self.key_norm else None, self.gate)
+    def _keys(self, keys: list[Key]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        return keys if self.key_norm else None  # type: ignore[return-value]
 
-    def attend(self, l: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> torch.Tensor:
-        q = self.query(l, keys[-1])
-        return depth_attend(q, keys, values if self.key_norm else None, self.gate)
+    def aggregate(self, values: list[torch.Tensor], keys: list[Key]) -> torch.Tensor:
+        q = self.agg_query if self.agg_key_gain is None else self.agg_query * self.agg_key_gain
+        return depth_attend(q, values, self._keys(keys), self.gate)
+
+    def attend(self, l: int, values: list[torch.Tensor], keys: list[Key]) -> torch.Tensor:
+        q = self.query(l, values[-1])
+        return depth_attend(q, values, self._keys(keys), self.gate)
 
 
 class FullAttnRes(_AttnResBase):
     """Full AttnRes: sublayer l attends to v_0 (the embedding) and every earlier output."""
 
-    def begin(self, emb: torch.Tensor) -> dict[str, list[torch.Tensor]]:
+    def begin(self, emb: torch.Tensor) -> dict[str, list[Any]]:
         return {"values": [emb], "keys": [self.key(emb)]}
 
-    def input(self, state: dict[str, list[torch.Tensor]], l: int) -> torch.Tensor:
-        return self.attend(l, state["keys"], state["values"])
+    def input(self, state: dict[str, list[Any]], l: int) -> torch.Tensor:
+        return self.attend(l, state["values"], state["keys"])
 
-    def record(self, state: dict[str, list[torch.Tensor]], l: int, out: torch.Tensor) -> None:
+    def record(self, state: dict[str, list[Any]], l: int, out: torch.Tensor) -> None:
         state["values"].append(out)
         state["keys"].append(self.key(out))
 
-    def finish(self, state: dict[str, list[torch.Tensor]]) -> torch.Tensor:
-        return self.aggregate(state["keys"], state["values"])
+    def finish(self, state: dict[str, list[Any]]) -> torch.Tensor:
+        return self.aggregate(state["values"], state["keys"])
 
 
 class BlockAttnRes(_AttnResBase):
@@ -174,7 +180,7 @@ class BlockAttnRes(_AttnResBase):
             if state["partial_key"] is None:
                 state["partial_key"] = self.key(state["partial"])
             keys, values = [*keys, state["partial_key"]], [*values, state["partial"]]
-        return self.attend(l, keys, values)
+        return self.attend(l, values, keys)
 
     def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
         partial = out if state["partial"] is None else state["partial"] + out
@@ -185,7 +191,7 @@ class BlockAttnRes(_AttnResBase):
             state["partial"] = None
 
     def finish(self, state: dict[str, Any]) -> torch.Tensor:
-        return self.aggregate(state["keys"], state["values"])
+        return self.aggregate(state["values"], state["keys"])
 
     def run(
         self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"
@@ -209,7 +215,7 @@ class BlockAttnRes(_AttnResBase):
         values, keys = [emb], [self.key(emb)]
         for block in self.blocks():
             queries = torch.stack([self.query(l) for l in block])  # (S, d)
-            K = upcast(torch.stack(keys))  # (k, B, T, d)
+            K = upcast(torch.stack([key for key, _ in keys]))  # (k, B, T, d)
             V = upcast(torch.stack(values))
             logits = torch.einsum("sd,kbtd->skbt", upcast(queries), K)  # (S, k, B, T)
             m1 = logits.amax(dim=1)  # (S, B, T)
@@ -222,7 +228,7 @@ class BlockAttnRes(_AttnResBase):
                     h = o1[i] / l1[i][..., None]
                 else:
                     q = upcast(queries[i])
-                    s = (upcast(self.key(partial)) * q).sum(-1)  # (B, T)
+                    s = (upcast(rms_key(partial)[0]) * q).sum(-1)  # (B, T)
                     m = torch.maximum(m1[i], s)
                     a, b = torch.exp(m1[i] - m), torch.exp(s - m)
                     h = (a[..., None] * o1[i] + b[..., None] * upcast(partial)) / (a * l1[i] + b)[
@@ -233,7 +239,7 @@ class BlockAttnRes(_AttnResBase):
             assert partial is not None
             values.append(partial)
             keys.append(self.key(partial))
-        return self.aggregate(keys, values)
+        return self.aggregate(values, keys)
 
 
 class MHCLite(DepthMixer):
