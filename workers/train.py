@@ -148,7 +148,8 @@ class TrainResult:
     flops_spent: float
     flops_budget: float | None
     wall_time_s: float
-    tokens_per_s: float
+    eval_time_s: float  # part of wall_time_s spent evaluating
+    tokens_per_s: float  # training throughput: tokens / (wall time − evaluation time)
     peak_memory_bytes: int
     memory_kind: str  # cuda_max_allocated | cpu_peak_rss
     device: str
@@ -297,6 +298,7 @@ def training_run(
     status, reason = "completed", f"trained {steps} steps"
     train_loss = float("nan")
     done = 0
+    eval_time = 0.0
     start = time.perf_counter()
     model.train()
     for step in range(steps):
@@ -324,7 +326,9 @@ def training_run(
         if device.type == "cpu" and done % 10 == 0:
             peak_rss = max(peak_rss, _rss_bytes())
         if done % interval == 0 or done == steps:
+            eval_start = time.perf_counter()
             val = evaluate(step_model, eval_batches, device)
+            eval_time += time.perf_counter() - eval_start
             point = EvalPoint(
                 step=done,
                 tokens=done * spec.tokens_per_step,
@@ -361,7 +365,8 @@ def training_run(
         flops_spent=tokens_seen * flops_per_token,
         flops_budget=spec.budget_flops,
         wall_time_s=wall,
-        tokens_per_s=tokens_seen / wall if wall > 0 else 0.0,
+        eval_time_s=eval_time,
+        tokens_per_s=tokens_seen / (wall - eval_time) if wall > eval_time else 0.0,
         peak_memory_bytes=peak,
         memory_kind=kind,
         device=str(device),

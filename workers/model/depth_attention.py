@@ -159,3 +159,115 @@ class _WeightedSum(torch.autograd.Function):
 def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
     """Σ_i weights[i]·values[i] (static learned weights, no normalisation)."""
     return _WeightedSum.apply(weights, *values)
+
+
+class _BlockPhase1(torch.autograd.Function):
+    """Phase 1 of Block AttnRes, differentiable: the S pseudo-queries of a block attend to its
+    k finished sources in one batched pass. Returns, per query, the normalised partial result
+    h¹ (S, B, T, d) and its log-sum-exp (S, B, T); saves the shared sources and the weights."""
+
+    @staticmethod
+    def forward(ctx: Any, queries: torch.Tensor, n: int, *tensors: torch.Tensor) -> Any:
+        values, keys, scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        B, T, d = values[0].shape
+        S = queries.shape[0]
+        q = upcast(queries)
+        logits = torch.stack([upcast(k).reshape(-1, d) @ q.T for k in keys])  # (k, BT, S)
+        lse = torch.logsumexp(logits, dim=0)  # (BT, S)
+        weights = torch.exp(logits - lse)  # (k, BT, S)
+        V = torch.stack(values, dim=2).reshape(B * T, n, d)  # (BT, k, d), transient
+        h1 = torch.bmm(weights.permute(1, 2, 0).to(V.dtype), V)  # (BT, S, d)
+        ctx.n, ctx.shape = n, (B, T, d)
+        ctx.save_for_backward(queries, weights, *values, *keys, *scales)
+        # one output per query (no stacked output: selecting from one would zero-fill it
+        # whole for every query's gradient)
+        h1 = h1.view(B, T, S, d)
+        lse = lse.view(B, T, S)
+        return (*(h1[:, :, i] for i in range(S)), *(lse[..., i] for i in range(S)))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
+        queries, weights, *rest = ctx.saved_tensors
+        n, (B, T, d) = ctx.n, ctx.shape
+        values, keys, scales = rest[:n], rest[n : 2 * n], rest[2 * n :]
+        S = queries.shape[0]
+        ref = upcast(values[0])
+        g = torch.zeros(B, T, S, d, dtype=ref.dtype)
+        dl = torch.zeros(B, T, S, dtype=weights.dtype)
+        for i in range(S):
+            if grads[i] is not None:
+                g[:, :, i] = grads[i]
+            if grads[S + i] is not None:
+                dl[..., i] = grads[S + i]
+        g = g.view(B * T, S, d)
+        dl = dl.view(B * T, S)
+        V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
+        d_w = torch.bmm(g, V.transpose(1, 2)).permute(2, 0, 1)  # (k, BT, S)
+        d_v = torch.bmm(weights.permute(1, 0, 2).to(g.dtype), g)  # (BT, k, d)
+        d_logits = weights * (d_w - (weights * d_w).sum(0, keepdim=True) + dl)  # (k, BT, S)
+        q = upcast(queries)
+        d_q = torch.zeros_like(q)
+        grads = []
+        for j in range(n):
+            key = upcast(keys[j]).reshape(-1, d)
+            d_q += d_logits[j].T @ key  # (S, d)
+            d_key = d_logits[j] @ q  # (BT, d)
+            # through the parameter-free RMS norm k = v·r: dv = r·(dk − k·mean(dk ⊙ k))
+            r = upcast(scales[j]).reshape(-1, 1)
+            d_key.sub_(key * (d_key * key).mean(-1, keepdim=True)).mul_(r)
+            d_key.add_(d_v[:, j])
+            grads.append(d_key.reshape(B, T, d).to(values[j].dtype))
+        return (d_q.to(queries.dtype), None, *grads, *([None] * (2 * n)))
+
+
+def block_phase1(
+    queries: torch.Tensor, values: list[torch.Tensor], keys: list[tuple[torch.Tensor, torch.Tensor]]
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per query of S (S, d) over the finished sources with their `rms_key`s: the lists of
+    h¹ (B, T, d) and of lse¹ (B, T)."""
+    out = _BlockPhase1.apply(
+        queries, len(values), *values, *(k for k, _ in keys), *(s for _, s in keys)
+    )
+    S = queries.shape[0]
+    return list(out[:S]), list(out[S:])
+
+
+class _Merge(torch.autograd.Function):
+    """Phase 2 merge of one new source p (the running partial) into a Phase-1 result:
+    s = qᵀ·RMSNorm(p), β = σ(s − lse¹), h = h¹ + β·(p − h¹) — the joint softmax over the
+    finished sources and p, differentiable in closed form."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h1: torch.Tensor, lse1: torch.Tensor, p: torch.Tensor, q: torch.Tensor
+    ) -> torch.Tensor:
+        pf = upcast(p)
+        r = torch.rsqrt(pf.pow(2).mean(-1, keepdim=True) + layers.NORM_EPS)  # (B, T, 1)
+        s = (pf * r) @ upcast(q)  # (B, T)
+        beta = torch.sigmoid(s - upcast(lse1))
+        h = torch.lerp(upcast(h1), pf, beta[..., None])
+        ctx.save_for_backward(h1, p, q, r, s, beta)
+        return h.to(p.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, d_h: torch.Tensor) -> Any:
+        h1, p, q, r, s, beta = ctx.saved_tensors
+        g, pf, qf, b = upcast(d_h), upcast(p), upcast(q), beta[..., None]
+        d_beta = ((pf - upcast(h1)) * g).sum(-1)
+        d_s = d_beta * beta * (1 - beta)  # (B, T)
+        d_h1 = g * (1 - b)
+        d_lse = -d_s
+        n = pf * r
+        d_q = (d_s.reshape(1, -1) @ n.reshape(-1, n.shape[-1])).reshape(-1)
+        # dp = β·g + r·ds·(q − n·s/d)
+        d_p = g * b
+        coef = r * d_s[..., None]
+        d_p.addcmul_(qf, coef).addcmul_(n, -coef * (s[..., None] / n.shape[-1]))
+        return d_h1.to(h1.dtype), d_lse, d_p.to(p.dtype), d_q.to(q.dtype)
+
+
+def merge_partial(
+    h1: torch.Tensor, lse1: torch.Tensor, partial: torch.Tensor, query: torch.Tensor
+) -> torch.Tensor:
+    """The input of a block's i-th sublayer (i ≥ 2) from its Phase-1 result and b_n^{i−1}."""
+    return _Merge.apply(h1, lse1, partial, query)

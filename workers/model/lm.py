@@ -120,12 +120,17 @@ class DepthscopeLM(nn.Module):
 
     # -- paths -----------------------------------------------------------------------------
     def forward(
-        self, idx: torch.Tensor, targets: torch.Tensor | None = None
+        self,
+        idx: torch.Tensor,
+        targets: torch.Tensor | None = None,
+        schedule: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Training path: logits (B, T, V) and, with targets, the mean cross-entropy."""
+        """Training path: logits (B, T, V) and, with targets, the mean cross-entropy.
+        `schedule` picks the depth schedule (default: the mixer's own)."""
         x = self._embed(idx)
         rope = self._rope(0, idx.shape[1])
-        h = self.mixer.run(x, lambda l, hl: self._sublayer(l, hl, rope, None))
+        schedule = schedule or self.mixer.train_schedule
+        h = self.mixer.run(x, lambda l, hl: self._sublayer(l, hl, rope, None), schedule)
         logits = self._logits(h)
         loss = None
         if targets is not None:
@@ -133,9 +138,10 @@ class DepthscopeLM(nn.Module):
         return logits, loss
 
     @torch.no_grad()
-    def step(self, idx: torch.Tensor, cache: KVCache, schedule: str = "sequential") -> torch.Tensor:
+    def step(self, idx: torch.Tensor, cache: KVCache, schedule: str | None = None) -> torch.Tensor:
         """Inference: run `idx` (B, T) after the `cache.pos` cached tokens; returns logits of
-        every new position and advances the cache."""
+        every new position and advances the cache. `schedule`: default the mixer's own."""
+        schedule = schedule or self.mixer.inference_schedule
         start, T = cache.pos, idx.shape[1]
         x = self._embed(idx, start)
         rope = self._rope(start, T)

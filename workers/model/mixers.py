@@ -22,8 +22,14 @@ import torch
 from torch import nn
 
 from cost_model import ArchConfig
-from workers.model.depth_attention import depth_attend, rms_key, weighted_sum
-from workers.model.layers import rms_normalize, upcast
+from workers.model.depth_attention import (
+    block_phase1,
+    depth_attend,
+    merge_partial,
+    rms_key,
+    weighted_sum,
+)
+from workers.model.layers import rms_normalize
 
 Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
 Key = tuple[torch.Tensor, torch.Tensor] | None  # a source's (normalised key, 1/rms)
@@ -33,6 +39,8 @@ class DepthMixer(nn.Module, ABC):
     """Base strategy: how sublayer inputs are gathered from earlier outputs."""
 
     schedules: tuple[str, ...] = ("sequential",)
+    train_schedule = "sequential"  # what `forward` uses
+    inference_schedule = "sequential"  # what `step` (prefill, decode) uses
 
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__()
@@ -161,6 +169,9 @@ class BlockAttnRes(_AttnResBase):
     """
 
     schedules = ("sequential", "two_phase")
+    # Training keeps the plain sequential path (measured faster in a whole training step on a
+    # CPU); the two-phase schedule, also differentiable and tested equal, serves inference.
+    inference_schedule = "two_phase"
 
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__(cfg)
@@ -204,41 +215,29 @@ class BlockAttnRes(_AttnResBase):
         """Attention Residuals §4, Algorithm 1 (with the pre-update partial in the merge).
 
         Phase 1: the pseudo-queries of a block do not depend on the input, so all of them
-        attend to the finished blocks in one batched pass, keeping per query the running max
-        m¹, the sum of exponentials ℓ¹ and the unnormalised output o¹. Phase 2: walk the block;
-        the only new source of its i-th sublayer (i ≥ 2) is the partial b_n^{i−1}, merged
-        online: m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b) / (e^{m¹−m}·ℓ¹ + e^{s−m}).
-        Exact, not an approximation: it equals the joint softmax. Softmax variants only; the
-        input-dependent query needs the sequential path."""
+        attend to the finished blocks in one batched pass, keeping per query the normalised
+        result h¹ and its log-sum-exp ℓ¹ (`block_phase1`). Phase 2: walk the block; the only new
+        source of its i-th sublayer (i ≥ 2) is the partial b_n^{i−1}, merged online:
+        h = h¹ + σ(s − ℓ¹)·(b − h¹) with s = qᵀRMSNorm(b) (`merge_partial`) — the same as
+        m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b)/(e^{m¹−m}·ℓ¹ + e^{s−m}). Exact, not an
+        approximation: it equals the joint softmax, and it is differentiable, so it serves
+        training as well as prefill and decoding. Softmax with static queries only."""
         if self.input_proj is not None or self.gate != "softmax":
             raise ValueError("schedule: two_phase needs static pseudo-queries and a softmax")
-        values, keys = [emb], [self.key(emb)]
+        values, keys = [emb], [rms_key(emb)]
         for block in self.blocks():
             queries = torch.stack([self.query(l) for l in block])  # (S, d)
-            K = upcast(torch.stack([key for key, _ in keys]))  # (k, B, T, d)
-            V = upcast(torch.stack(values))
-            logits = torch.einsum("sd,kbtd->skbt", upcast(queries), K)  # (S, k, B, T)
-            m1 = logits.amax(dim=1)  # (S, B, T)
-            p = torch.exp(logits - m1[:, None])
-            l1 = p.sum(dim=1)  # (S, B, T)
-            o1 = torch.einsum("skbt,kbtd->sbtd", p, V)  # (S, B, T, d)
+            h1, lse1 = block_phase1(queries, values, keys)  # S × (B, T, d), S × (B, T)
             partial: torch.Tensor | None = None
             for i, l in enumerate(block):
-                if partial is None:
-                    h = o1[i] / l1[i][..., None]
-                else:
-                    q = upcast(queries[i])
-                    s = (upcast(rms_key(partial)[0]) * q).sum(-1)  # (B, T)
-                    m = torch.maximum(m1[i], s)
-                    a, b = torch.exp(m1[i] - m), torch.exp(s - m)
-                    h = (a[..., None] * o1[i] + b[..., None] * upcast(partial)) / (a * l1[i] + b)[
-                        ..., None
-                    ]
+                h = h1[i]
+                if partial is not None:
+                    h = merge_partial(h, lse1[i], partial, queries[i])
                 out = sublayer(l, h.to(emb.dtype)).to(emb.dtype)
                 partial = out if partial is None else partial + out
             assert partial is not None
             values.append(partial)
-            keys.append(self.key(partial))
+            keys.append(rms_key(partial))
         return self.aggregate(values, keys)
 
 
