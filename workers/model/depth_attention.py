@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from workers.model import layers
 from workers.model.layers import upcast
@@ -130,6 +131,11 @@ def depth_attend(
     if not values or (keys is not None and len(keys) != len(values)):
         raise ValueError("depth_attend needs one key per value, at least one")
     n = len(values)
+    if not torch.is_grad_enabled():  # inference: the same arithmetic without autograd
+        logits = torch.stack(
+            [_logit(query, k) for k, _ in keys] if keys else [_logit(query, v) for v in values]
+        )
+        return _weighted_sum(_weights(logits, gate), tuple(values))
     if keys is None:
         return _DepthAttention.apply(query, gate, n, *values)
     return _DepthAttention.apply(
@@ -161,6 +167,25 @@ def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Ten
     return _WeightedSum.apply(weights, *values)
 
 
+def _phase1(
+    queries: torch.Tensor, values: tuple[torch.Tensor, ...], keys: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The Phase-1 arithmetic: weights (k, B·T, S), and per query h¹ (B, T, d), lse¹ (B, T).
+    One output per query (no stacked output: selecting from one would zero-fill it whole
+    for every query's gradient)."""
+    n = len(values)
+    B, T, d = values[0].shape
+    S = queries.shape[0]
+    q = upcast(queries)
+    logits = torch.stack([upcast(k).reshape(-1, d) @ q.T for k in keys])  # (k, BT, S)
+    lse = torch.logsumexp(logits, dim=0)  # (BT, S)
+    weights = torch.exp(logits - lse)  # (k, BT, S)
+    V = torch.stack(values, dim=2).reshape(B * T, n, d)  # (BT, k, d), transient
+    h1 = torch.bmm(weights.permute(1, 2, 0).to(V.dtype), V).view(B, T, S, d)
+    lse = lse.view(B, T, S)
+    return weights, [h1[:, :, i] for i in range(S)], [lse[..., i] for i in range(S)]
+
+
 class _BlockPhase1(torch.autograd.Function):
     """Phase 1 of Block AttnRes, differentiable: the S pseudo-queries of a block attend to its
     k finished sources in one batched pass. Returns, per query, the normalised partial result
@@ -169,21 +194,11 @@ class _BlockPhase1(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, queries: torch.Tensor, n: int, *tensors: torch.Tensor) -> Any:
         values, keys, scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
+        weights, h1, lse = _phase1(queries, values, keys)
         B, T, d = values[0].shape
-        S = queries.shape[0]
-        q = upcast(queries)
-        logits = torch.stack([upcast(k).reshape(-1, d) @ q.T for k in keys])  # (k, BT, S)
-        lse = torch.logsumexp(logits, dim=0)  # (BT, S)
-        weights = torch.exp(logits - lse)  # (k, BT, S)
-        V = torch.stack(values, dim=2).reshape(B * T, n, d)  # (BT, k, d), transient
-        h1 = torch.bmm(weights.permute(1, 2, 0).to(V.dtype), V)  # (BT, S, d)
         ctx.n, ctx.shape = n, (B, T, d)
         ctx.save_for_backward(queries, weights, *values, *keys, *scales)
-        # one output per query (no stacked output: selecting from one would zero-fill it
-        # whole for every query's gradient)
-        h1 = h1.view(B, T, S, d)
-        lse = lse.view(B, T, S)
-        return (*(h1[:, :, i] for i in range(S)), *(lse[..., i] for i in range(S)))
+        return (*h1, *lse)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
@@ -225,11 +240,24 @@ def block_phase1(
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per query of S (S, d) over the finished sources with their `rms_key`s: the lists of
     h¹ (B, T, d) and of lse¹ (B, T)."""
+    if not torch.is_grad_enabled():
+        _, h1, lse = _phase1(queries, tuple(values), tuple(k for k, _ in keys))
+        return h1, lse
     out = _BlockPhase1.apply(
         queries, len(values), *values, *(k for k, _ in keys), *(s for _, s in keys)
     )
     S = queries.shape[0]
     return list(out[:S]), list(out[S:])
+
+
+def _merge_inference(
+    h1: torch.Tensor, lse1: torch.Tensor, p: torch.Tensor, q: torch.Tensor
+) -> torch.Tensor:
+    pf = upcast(p)
+    d = pf.shape[-1]
+    s = F.rms_norm(pf, (d,), eps=layers.NORM_EPS) @ upcast(q)  # (B, T)
+    beta = torch.sigmoid(s - upcast(lse1))
+    return torch.lerp(upcast(h1), pf, beta[..., None]).to(p.dtype)
 
 
 class _Merge(torch.autograd.Function):
@@ -270,4 +298,6 @@ def merge_partial(
     h1: torch.Tensor, lse1: torch.Tensor, partial: torch.Tensor, query: torch.Tensor
 ) -> torch.Tensor:
     """The input of a block's i-th sublayer (i ≥ 2) from its Phase-1 result and b_n^{i−1}."""
+    if not torch.is_grad_enabled():
+        return _merge_inference(h1, lse1, partial, query)
     return _Merge.apply(h1, lse1, partial, query)

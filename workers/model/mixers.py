@@ -225,8 +225,9 @@ class BlockAttnRes(_AttnResBase):
         if self.input_proj is not None or self.gate != "softmax":
             raise ValueError("schedule: two_phase needs static pseudo-queries and a softmax")
         values, keys = [emb], [rms_key(emb)]
+        all_queries = self.queries if self.key_gains is None else self.queries * self.key_gains
         for block in self.blocks():
-            queries = torch.stack([self.query(l) for l in block])  # (S, d)
+            queries = all_queries[block.start : block.stop]  # (S, d)
             h1, lse1 = block_phase1(queries, values, keys)  # S × (B, T, d), S × (B, T)
             partial: torch.Tensor | None = None
             for i, l in enumerate(block):
