@@ -197,3 +197,17 @@ def test_cli_trains_one_candidate() -> None:
         timeout=300,
     )
     assert bad.returncode == 2 and "corpus" in bad.stderr
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_like_eager(corpus) -> None:  # type: ignore[no-untyped-def]
+    """torch.compile is optional and off by default; on, it trains the same model to the same
+    losses up to compiled-kernel rounding."""
+    arch = TINY.replace(variant="block_attnres", block_size=2)
+    eager = train(spec(arch=arch, budget_tokens=8 * 64 * 12, n_evals=2), corpus=corpus)
+    compiled = train(
+        spec(arch=arch, budget_tokens=8 * 64 * 12, n_evals=2, compile=True), corpus=corpus
+    )
+    assert compiled.status == eager.status == "completed"
+    for a, b in zip(compiled.curve, eager.curve, strict=True):
+        assert a.val_loss == pytest.approx(b.val_loss, abs=2e-2)
