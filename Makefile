@@ -42,6 +42,8 @@ typecheck: setup
 
 bench: setup
 	$(PY) bench/cost_model.py
+	$(PY) bench/variants.py
+	$(PY) bench/trainer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
