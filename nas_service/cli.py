@@ -260,6 +260,52 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0 if result.status != "diverged" else 3
 
 
+def _add_db_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "db",
+        help="manage the service's database schema (Alembic)",
+        description="Upgrade, downgrade or show the schema of the service's own tables. "
+        "The URL defaults to DEPTHSCOPE_DATABASE_URL (else a local SQLite file).",
+    )
+    dbsub = p.add_subparsers(dest="db_command", required=True)
+    for name, helptext in (
+        ("upgrade", "migrate to a revision (default: head)"),
+        ("downgrade", "migrate back to a revision (e.g. base)"),
+        ("current", "print the current revision"),
+    ):
+        q = dbsub.add_parser(name, help=helptext)
+        if name != "current":
+            q.add_argument("revision", nargs="?" if name == "upgrade" else None, default="head")
+        q.add_argument("--url", help="database URL")
+    p.set_defaults(func=_cmd_db)
+
+
+def _cmd_db(args: argparse.Namespace) -> int:
+    import logging
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from nas_service.db import current, downgrade, head, upgrade
+    from nas_service.settings import get_settings
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    url = args.url or get_settings().database_url
+    try:
+        if args.db_command == "upgrade":
+            upgrade(url, args.revision)
+        elif args.db_command == "downgrade":
+            downgrade(url, args.revision)
+        rev = current(url)
+    except (SQLAlchemyError, ValueError) as exc:
+        print(f"depthscope db: error: {exc}", file=sys.stderr)
+        return 2
+    if rev is None:
+        print("none")
+    else:
+        print(f"{rev} (head)" if rev == head() else rev)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depthscope",
@@ -268,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_cost_parser(sub)
     _add_train_parser(sub)
+    _add_db_parser(sub)
     return parser
 
 

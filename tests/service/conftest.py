@@ -1,0 +1,45 @@
+"""Databases for the service tests: a fresh SQLite file, and a fresh PostgreSQL database on
+the server at 127.0.0.1:5432 (created per test, dropped afterwards)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'depthscope.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    from sqlalchemy import create_engine, text
+
+    name = f"ds_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # the server must be up: this machine kind runs it
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is not reachable: {exc}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """The storage suite runs over both backends."""
+    if request.param == "postgres":
+        request.applymarker(pytest.mark.postgres)
+        return str(request.getfixturevalue("postgres_url"))
+    return str(request.getfixturevalue("sqlite_url"))
