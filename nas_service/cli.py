@@ -306,6 +306,24 @@ def _cmd_db(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_runner_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "runner",
+        help="run the search jobs of one cluster",
+        description="Drive every pending or running job of a cluster to completion (or, "
+        "with --forever, keep polling for new ones). Safe to restart after a crash.",
+        add_help=False,
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_runner)
+
+
+def _cmd_runner(args: argparse.Namespace) -> int:
+    from nas_service.runner import main as runner_main
+
+    return runner_main(list(args.args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depthscope",
@@ -315,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cost_parser(sub)
     _add_train_parser(sub)
     _add_db_parser(sub)
+    _add_runner_parser(sub)
     return parser
 
 

@@ -1,0 +1,259 @@
+"""Job spec → Optuna study; ask → `ArchConfig`; pricing and constraints before training; the
+`TrainSpec` of a candidate; what is told back.
+
+Studies are ordinary Optuna studies in the service's database (readable by any Optuna tool).
+The searched parameters are `residual` (a variant, or `block_attnres/S=<size>`), `n_layers`
+and the width axis (`d_model` or `aspect_ratio`), plus `n_heads` when searched: no
+conditional parameters, so every sampler (grid included) sees one flat space.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import optuna
+
+from cost_model import get_hardware, price
+from nas_service.spec import IntRange, JobSpec, axis_values, build_candidate
+from workers.train import EvalPoint, TrainResult, TrainSpec
+
+# user attributes the service writes on trials
+ATTR_ARCH = "arch"
+ATTR_COSTS = "costs"
+ATTR_OUTCOME = "outcome"  # completed | pruned | infeasible | over_constraint | diverged | failed
+ATTR_REASON = "reason"
+ATTR_TRAIN = "train"
+ATTR_CURVE = "curve"
+ATTR_LOST = "ds_lost"  # failed by a crash of the service and re-enqueued: does not count
+
+
+def residual_choices(spec: JobSpec) -> list[str]:
+    out = []
+    for variant in spec.space.variants:
+        if variant == "block_attnres":
+            out += [f"block_attnres/S={s}" for s in axis_values(spec.space.block_sizes)]
+        else:
+            out.append(variant)
+    return out
+
+
+def split_residual(value: str) -> dict[str, Any]:
+    if value.startswith("block_attnres/S="):
+        return {"variant": "block_attnres", "block_size": int(value.split("=", 1)[1])}
+    return {"variant": value}
+
+
+def grid_space(spec: JobSpec) -> dict[str, list[Any]]:
+    space = spec.space
+    grid: dict[str, list[Any]] = {
+        "residual": residual_choices(spec),
+        "n_layers": axis_values(space.n_layers),
+    }
+    if space.d_model is not None:
+        grid["d_model"] = axis_values(space.d_model)
+    if space.aspect_ratio is not None:
+        grid["aspect_ratio"] = list(space.aspect_ratio)
+    if space.n_heads is not None:
+        grid["n_heads"] = axis_values(space.n_heads)
+    return grid
+
+
+def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
+    seed = spec.sampler_seed
+    if spec.sampler == "grid":
+        return optuna.samplers.GridSampler(grid_space(spec), seed=seed)
+    if spec.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if spec.sampler == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True)
+
+
+def make_pruner(spec: JobSpec) -> optuna.pruners.BasePruner:
+    """Single objective: Optuna's median rule. Multi-objective jobs are pruned by the runner
+    with `cannot_reach_front` (Optuna's pruners refuse several objectives)."""
+    if spec.pruner in ("auto", "median") and not spec.multi_objective:
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+    return optuna.pruners.NopPruner()
+
+
+def create_study(spec: JobSpec, storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
+    study = optuna.create_study(
+        study_name=name,
+        storage=storage,
+        directions=["minimize"] * len(spec.objectives),
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+    )
+    with warnings.catch_warnings():  # metric names are "experimental" in Optuna, and harmless
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names(list(spec.objectives))
+    study.set_user_attr("objectives", list(spec.objectives))
+    return study
+
+
+def load_study(spec: JobSpec, storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:
+    return optuna.load_study(
+        study_name=name, storage=storage, sampler=make_sampler(spec), pruner=make_pruner(spec)
+    )
+
+
+def _suggest_axis(trial: optuna.Trial, name: str, axis: Any) -> Any:
+    if isinstance(axis, IntRange):
+        return trial.suggest_int(name, axis.low, axis.high, step=axis.step)
+    return trial.suggest_categorical(name, list(axis))
+
+
+def suggest(trial: optuna.Trial, spec: JobSpec) -> dict[str, Any]:
+    """The trial's searched parameters (fixed ones of an enqueued trial come back as they
+    were)."""
+    space = spec.space
+    params: dict[str, Any] = {
+        "residual": trial.suggest_categorical("residual", residual_choices(spec))
+    }
+    params["n_layers"] = _suggest_axis(trial, "n_layers", space.n_layers)
+    if space.d_model is not None:
+        params["d_model"] = _suggest_axis(trial, "d_model", space.d_model)
+    if space.aspect_ratio is not None:
+        params["aspect_ratio"] = trial.suggest_categorical("aspect_ratio", list(space.aspect_ratio))
+    if space.n_heads is not None:
+        params["n_heads"] = _suggest_axis(trial, "n_heads", space.n_heads)
+    return params
+
+
+@dataclass
+class Priced:
+    """A candidate after pricing: its arch and metrics, or why it is not trained."""
+
+    params: dict[str, Any]
+    arch_dict: dict[str, Any] | None
+    metrics: dict[str, float]
+    outcome: str  # "train", "infeasible" or "over_constraint"
+    reason: str
+    train_spec: TrainSpec | None
+
+
+def price_candidate(spec: JobSpec, params: dict[str, Any], seed: int = 0) -> Priced:
+    """Arch for the params, every cost metric, the constraints, and the `TrainSpec`."""
+    candidate = build_candidate(spec, {**split_residual(params["residual"]), **params})
+    if candidate.arch is None:
+        return Priced(params, None, {}, "infeasible", candidate.reason, None)
+    arch = candidate.arch
+    report = price(
+        arch,
+        spec.cost.workload(spec.training),
+        spec.cost.parallelism(),
+        get_hardware(spec.cost.hardware),
+    )
+    metrics = {k: float(v) for k, v in report.metrics().items()}
+    for constraint in spec.constraints:
+        value = metrics[constraint.metric]
+        if value > constraint.max:
+            reason = f"{constraint.metric} = {value:.4g} is over the cap {constraint.max:.4g}"
+            return Priced(params, arch.to_dict(), metrics, "over_constraint", reason, None)
+    t = spec.training
+    train_spec = TrainSpec(
+        arch=arch,
+        budget_flops=spec.budget.flops,
+        budget_tokens=spec.budget.tokens,
+        batch_size=t.batch_size,
+        lr=t.lr,
+        schedule=t.schedule,
+        warmup_frac=t.warmup_frac,
+        weight_decay=t.weight_decay,
+        n_evals=t.n_evals,
+        eval_batches=t.eval_batches,
+        corpus=t.corpus,
+        seed=seed,
+        threads=t.threads,
+        device="auto",
+    )
+    if train_spec.planned_steps() < 1:
+        reason = f"the budget buys {train_spec.planned_tokens()} tokens, less than one step"
+        return Priced(params, arch.to_dict(), metrics, "infeasible", reason, None)
+    return Priced(params, arch.to_dict(), metrics, "train", "", train_spec)
+
+
+def objective_values(spec: JobSpec, loss: float, metrics: dict[str, float]) -> list[float]:
+    return [loss if m == "val_loss" else metrics[m] for m in spec.objectives]
+
+
+def train_summary(result: TrainResult) -> dict[str, Any]:
+    """What a trial keeps of a training run (the curve is kept apart)."""
+    return {
+        "status": result.status,
+        "reason": result.reason,
+        "final_val_loss": _finite(result.final_val_loss),
+        "best_val_loss": _finite(result.best_val_loss),
+        "steps": result.steps,
+        "tokens_seen": result.tokens_seen,
+        "flops_spent": result.flops_spent,
+        "flops_budget": result.flops_budget,
+        "wall_time_s": result.wall_time_s,
+        "tokens_per_s": result.tokens_per_s,
+        "peak_memory_bytes": result.peak_memory_bytes,
+        "memory_kind": result.memory_kind,
+        "device": result.device,
+        "corpus": result.corpus,
+    }
+
+
+def curve_rows(points: list[EvalPoint]) -> list[list[float]]:
+    return [[p.step, p.tokens, p.flops, p.val_loss] for p in points]
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def seed_statistics(losses: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.fmean(losses),
+        "std": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+        "min": min(losses),
+        "max": max(losses),
+    }
+
+
+def cannot_reach_front(
+    study_trials: list[optuna.trial.FrozenTrial],
+    spec: JobSpec,
+    metrics: dict[str, float],
+    loss_now: float,
+    fraction: float,
+    curves: list[list[list[float]]],
+) -> str | None:
+    """The multi-objective pruning rule: costs are known before training, so only the loss
+    decides. Project the final loss optimistically — the current loss times the largest
+    relative improvement any finished trial made from the same fraction of its run to its
+    end — and stop the candidate if a finished trial is at least as good on every objective
+    with that projection and better on one. Returns the reason, or None to go on."""
+    ratios = []
+    for curve in curves:
+        if len(curve) < 2:
+            continue
+        final_tokens, final_loss = curve[-1][1], curve[-1][3]
+        at = [row for row in curve if row[1] <= fraction * final_tokens]
+        if at and at[-1][3] > 0:
+            ratios.append(final_loss / at[-1][3])
+    if not ratios:  # no finished run says how much a loss can still fall from here
+        return None
+    best_ratio = min(1.0, *ratios)
+    optimistic = loss_now * best_ratio
+    mine = objective_values(spec, optimistic, metrics)
+    for t in study_trials:
+        if t.state != optuna.trial.TrialState.COMPLETE or t.values is None:
+            continue
+        theirs = list(t.values)
+        if all(a <= b for a, b in zip(theirs, mine, strict=True)) and any(
+            a < b for a, b in zip(theirs, mine, strict=True)
+        ):
+            return (
+                f"trial {t.number} dominates even the optimistic final loss {optimistic:.4f} "
+                f"(now {loss_now:.4f} at {fraction:.0%} of the budget)"
+            )
+    return None

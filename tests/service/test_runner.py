@@ -1,0 +1,269 @@
+"""Search jobs end to end on real components: Optuna studies in SQLite and PostgreSQL, a real
+local Ray, the built-in corpus; constraints, divergence, pruning, a killed worker, and a
+runner killed with SIGKILL and restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+from sqlalchemy import select
+
+from cost_model import METRICS
+from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
+from nas_service.jobs import optuna_storage, submit_job
+from nas_service.runner import Runner
+from nas_service.search import ATTR_LOST
+from nas_service.settings import ClusterSettings, get_settings
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
+ROOT = Path(__file__).resolve().parents[2]
+
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "space": {
+        "n_layers": [1, 2],
+        "d_model": [32, 64],
+        "head_dim": 16,
+        "variants": ["baseline", "block_attnres"],
+        "block_sizes": [1],
+    },
+    "budget": {"tokens": 4 * 32 * 16},
+    "objectives": ["val_loss"],
+    "sampler": "random",
+    "pruner": "none",
+    "n_trials": 4,
+    "max_concurrent": 2,
+    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
+    "cost": {"hardware": "cpu"},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local() -> Iterator[None]:
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def setup(url: str, **settings: Any) -> tuple[Any, Any]:
+    upgrade(url)
+    s = get_settings(database_url=url, clusters={"local": ClusterSettings(num_cpus=2)}, **settings)
+    return s, make_sessionmaker(make_engine(url))
+
+
+def study_of(url: str, job: Job) -> optuna.Study:
+    return optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
+
+
+def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(ATTR_LOST)]
+
+
+def test_job_runs_to_completion(db_url: str) -> None:
+    settings, Session = setup(db_url)
+    job = submit_job(Session, settings, TINY)
+    Runner(settings).run(timeout_s=300)
+    with Session() as s:
+        row = s.get(Job, job.id)
+        assert row.status == "completed"
+        assert [e.kind for e in row.events] == ["submitted", "started", "completed"]
+        runs = list(s.scalars(select(TrialRun).where(TrialRun.job_id == job.id)))
+    study = study_of(db_url, job)
+    trials = counted(study)
+    assert len(trials) == 4 and all(t.state == TrialState.COMPLETE for t in trials)
+    assert sorted(r.trial_number for r in runs) == sorted(t.number for t in trials)
+    assert all(r.state == "completed" and r.attempt == 1 for r in runs)
+    for t in trials:
+        train = t.user_attrs["train"][0]
+        assert t.values[0] == pytest.approx(train["final_val_loss"])
+        assert train["tokens_seen"] == 4 * 32 * 16 and train["status"] == "completed"
+        assert set(t.user_attrs["costs"]) == set(METRICS)
+        assert t.user_attrs["arch"]["n_layers"] == t.params["n_layers"]
+        assert len(t.user_attrs["curve"]) == 4
+        assert train["corpus"]["name"].startswith("stdlib")
+
+
+def test_constraints_and_divergence(sqlite_url: str) -> None:
+    settings, Session = setup(sqlite_url)
+    capped = TINY | {
+        "name": "capped",
+        "constraints": [{"metric": "params", "max": 30_000}],
+        "n_trials": 6,
+    }
+    diverging = TINY | {
+        "name": "diverging",
+        "training": TINY["training"] | {"lr": 50.0, "warmup_frac": 0.0},
+        "n_trials": 2,
+    }
+    a = submit_job(Session, settings, capped)
+    b = submit_job(Session, settings, diverging)
+    Runner(settings).run(timeout_s=300)  # both jobs at once
+    with Session() as s:
+        assert {s.get(Job, a.id).status, s.get(Job, b.id).status} == {"completed"}
+        trained = {
+            r.trial_number for r in s.scalars(select(TrialRun).where(TrialRun.job_id == a.id))
+        }
+        div_runs = list(s.scalars(select(TrialRun).where(TrialRun.job_id == b.id)))
+    over = [
+        t
+        for t in counted(study_of(sqlite_url, a))
+        if t.user_attrs.get("outcome") == "over_constraint"
+    ]
+    assert over, "the space holds candidates over 30k parameters"
+    for t in over:
+        assert t.state == TrialState.PRUNED
+        assert t.user_attrs["costs"]["params"] > 30_000
+        assert "over the cap" in t.user_attrs["reason"]
+        assert t.number not in trained  # never trained
+    diverged = counted(study_of(sqlite_url, b))
+    assert len(diverged) == 2
+    assert all(
+        t.state == TrialState.FAIL and t.user_attrs["outcome"] == "diverged" for t in diverged
+    )
+    assert all(r.state == "diverged" and r.attempt == 1 for r in div_runs)  # not retried
+
+
+def test_two_objective_job_prunes_hopeless_candidates(sqlite_url: str) -> None:
+    settings, Session = setup(sqlite_url)
+    spec = TINY | {
+        "name": "pareto",
+        "objectives": ["val_loss", "params"],
+        "pruner": "auto",
+        "sampler": "grid",
+        "n_trials": 8,
+        "space": TINY["space"] | {"n_layers": [1, 2, 3], "d_model": [32, 64, 96], "head_dim": 16},
+        "budget": {"tokens": 4 * 32 * 40},
+        "training": TINY["training"] | {"n_evals": 8},
+    }
+    job = submit_job(Session, settings, spec)
+    Runner(settings).run(timeout_s=400)
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 8
+    pruned = [t for t in trials if t.user_attrs.get("outcome") == "pruned"]
+    assert pruned, [t.values for t in trials]
+    for t in pruned:
+        assert "dominates" in t.user_attrs["reason"]
+        assert len(t.user_attrs["curve"]) < 8  # stopped before its budget
+
+
+def _ray_task_pids(name: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if name.encode() in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
+    settings, Session = setup(sqlite_url)
+    spec = TINY | {
+        "name": "killed",
+        "n_trials": 2,
+        "max_concurrent": 1,
+        "budget": {"tokens": 4 * 32 * 400},
+    }
+    job = submit_job(Session, settings, spec)
+    killed: list[int] = []
+
+    def killer() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not killed:
+            with Session() as s:
+                running = s.scalars(select(TrialRun).where(TrialRun.job_id == job.id)).first()
+            pids = _ray_task_pids("ray::train_streaming") if running else []
+            if pids:
+                time.sleep(1.0)  # let it train a little
+                os.kill(pids[0], signal.SIGKILL)
+                killed.append(pids[0])
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    Runner(settings).run(timeout_s=400)
+    thread.join(timeout=5)
+    assert killed
+    with Session() as s:
+        assert s.get(Job, job.id).status == "completed"
+        runs = list(s.scalars(select(TrialRun).where(TrialRun.job_id == job.id)))
+        retries = list(
+            s.scalars(
+                select(JobEvent).where(JobEvent.job_id == job.id, JobEvent.kind == "trial_retry")
+            )
+        )
+    assert retries
+    assert any(r.attempt == 2 and r.state == "completed" for r in runs)
+    assert len(counted(study_of(sqlite_url, job))) == 2
+
+
+def _kill_session(sid: int) -> None:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                continue
+
+
+def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_path: Path) -> None:
+    settings, Session = setup(sqlite_url)
+    spec = TINY | {"name": "crash", "n_trials": 6, "budget": {"tokens": 4 * 32 * 60}}
+    job = submit_job(Session, settings, spec)
+    env = os.environ | {"DEPTHSCOPE_DATABASE_URL": sqlite_url, "RAY_USAGE_STATS_ENABLED": "0"}
+    cmd = [sys.executable, "-m", "nas_service.runner", "--timeout", "300"]
+    log = (tmp_path / "runner1.log").open("w")
+    first = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            study = study_of(sqlite_url, job)
+            done = len(counted(study))
+            running = len(study.get_trials(states=(TrialState.RUNNING,)))
+            if done >= 1 and running >= 1:
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the first runner never had a trial done and one running")
+    finally:
+        _kill_session(first.pid)
+        first.wait(timeout=30)
+    study = study_of(sqlite_url, job)
+    left_running = {t.number: t.params for t in study.get_trials(states=(TrialState.RUNNING,))}
+    assert left_running
+    second = subprocess.run(
+        cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400, start_new_session=True
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    study = study_of(sqlite_url, job)
+    trials = counted(study)
+    assert len(trials) == 6  # exactly n_trials counted: none lost, none extra
+    lost = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    assert {t.number for t in lost} == set(left_running)
+    retried = {
+        t.user_attrs.get("ds_retry_of"): t.params for t in trials if "ds_retry_of" in t.user_attrs
+    }
+    assert retried == left_running  # re-run with the same parameters
+    with Session() as s:
+        assert s.get(Job, job.id).status == "completed"
+        states = [r.state for r in s.scalars(select(TrialRun).where(TrialRun.job_id == job.id))]
+    assert states.count("lost") == len(left_running)
