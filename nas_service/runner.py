@@ -57,16 +57,30 @@ COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
 def connect_ray(cluster: ClusterSettings) -> None:
-    """Start a local Ray (address None) or join the configured cluster, with its auth."""
-    import ray
+    """Start a local Ray (address None) or join the configured cluster, with its auth.
 
-    if ray.is_initialized():
-        return
+    Ray reads its authentication settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) when it is
+    imported, so they are exported before the import; if Ray was imported already, its
+    cached token state is reset."""
+    already = "ray" in sys.modules
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cluster.auth_mode is not None:
         os.environ["RAY_AUTH_MODE"] = cluster.auth_mode
     if cluster.auth_token is not None:
         os.environ["RAY_AUTH_TOKEN"] = cluster.auth_token.get_secret_value()
+        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    import ray
+
+    if ray.is_initialized():
+        return
+    if already and (cluster.auth_mode is not None or cluster.auth_token is not None):
+        try:
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        except (ImportError, AttributeError):  # another Ray version: the import-time state
+            log.warning("could not refresh Ray's authentication state after import")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if cluster.address is None:
         ray.init(num_cpus=cluster.num_cpus, **kwargs)

@@ -267,3 +267,163 @@ def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_pa
         assert s.get(Job, job.id).status == "completed"
         states = [r.state for r in s.scalars(select(TrialRun).where(TrialRun.job_id == job.id))]
     assert states.count("lost") == len(left_running)
+
+
+def test_seeds_are_averaged_and_their_spread_kept(sqlite_url: str) -> None:
+    settings, Session = setup(sqlite_url)
+    job = submit_job(Session, settings, TINY | {"name": "seeds", "n_trials": 2, "seeds": 2})
+    Runner(settings).run(timeout_s=300)
+    for t in counted(study_of(sqlite_url, job)):
+        seeds = t.user_attrs["val_loss_seeds"]
+        assert len(seeds["values"]) == 2 and len(t.user_attrs["train"]) == 2
+        assert seeds["values"][0] != seeds["values"][1]  # different seeds, different runs
+        assert t.values[0] == pytest.approx(sum(seeds["values"]) / 2)
+        assert seeds["std"] > 0
+
+
+@pytest.mark.postgres
+def test_four_jobs_at_once_on_postgres(postgres_url: str) -> None:
+    settings, Session = setup(postgres_url)
+    jobs = [
+        submit_job(
+            Session,
+            settings,
+            TINY | {"name": f"j{i}", "n_trials": 3, "max_concurrent": 1, "sampler_seed": i},
+        )
+        for i in range(4)
+    ]
+    Runner(settings).run(timeout_s=400)
+    with Session() as s:
+        assert [s.get(Job, j.id).status for j in jobs] == ["completed"] * 4
+        failed = list(s.scalars(select(TrialRun).where(TrialRun.state != "completed")))
+    assert failed == []
+    for j in jobs:
+        assert len(counted(study_of(postgres_url, j))) == 3
+
+
+def test_cancelling_a_job_stops_its_ray_tasks(sqlite_url: str) -> None:
+    from nas_service.jobs import cancel_job
+
+    settings, Session = setup(sqlite_url)
+    job = submit_job(
+        Session,
+        settings,
+        TINY | {"name": "cancel", "n_trials": 2, "budget": {"tokens": 4 * 32 * 100_000}},
+    )
+    runner = Runner(settings)
+    thread = threading.Thread(target=runner.run, kwargs={"timeout_s": 300}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not _ray_task_pids("ray::train_streaming"):
+        time.sleep(0.2)
+    assert _ray_task_pids("ray::train_streaming"), "no training task started"
+    cancel_job(Session, job.id)
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _ray_task_pids("ray::train_streaming"):
+        time.sleep(0.2)
+    assert not _ray_task_pids("ray::train_streaming")
+    with Session() as s:
+        assert s.get(Job, job.id).status == "cancelled"
+    trials = study_of(sqlite_url, job).trials
+    assert trials and all(
+        t.state == TrialState.FAIL and t.user_attrs["outcome"] == "cancelled" for t in trials
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def ray_head() -> Iterator[tuple[str, str]]:
+    """A separately started Ray cluster (`ray start --head`) with token authentication, in
+    its own process session, stopped afterwards by its own processes (never `ray stop`,
+    which would stop every Ray on the machine)."""
+    import secrets
+    import shutil
+    import socket
+    import tempfile
+
+    port, token = _free_port(), secrets.token_hex(32)
+    temp = tempfile.mkdtemp(prefix="dsray", dir="/tmp")
+    env = os.environ | {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    head = subprocess.Popen(
+        [
+            ray_bin,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--node-ip-address=127.0.0.1",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+            "--block",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the Ray head did not come up")
+        time.sleep(2)
+        yield f"127.0.0.1:{port}", token
+    finally:
+        _kill_session(head.pid)
+        head.wait(timeout=30)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_job_on_a_separately_started_ray_cluster(
+    sqlite_url: str, ray_head: tuple[str, str]
+) -> None:
+    address, token = ray_head
+    upgrade(sqlite_url)
+    lab = ClusterSettings(address=address, auth_mode="token", auth_token=token)
+    settings = get_settings(
+        database_url=sqlite_url, clusters={"local": ClusterSettings(), "lab": lab}
+    )
+    Session = make_sessionmaker(make_engine(sqlite_url))
+    job = submit_job(Session, settings, TINY | {"name": "lab", "cluster": "lab", "n_trials": 3})
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env |= {
+        "DEPTHSCOPE_DATABASE_URL": sqlite_url,
+        "DEPTHSCOPE_CLUSTERS__LAB__ADDRESS": address,
+        "DEPTHSCOPE_CLUSTERS__LAB__AUTH_MODE": "token",
+        "DEPTHSCOPE_CLUSTERS__LAB__AUTH_TOKEN": token,
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "nas_service.runner", "--cluster", "lab", "--timeout", "300"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Connected to Ray cluster" in out.stderr
+    with Session() as s:
+        row = s.get(Job, job.id)
+        assert row.status == "completed"
+        assert "on cluster lab" in next(e.message for e in row.events if e.kind == "started")
+    assert len(counted(study_of(sqlite_url, job))) == 3
