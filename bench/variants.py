@@ -100,6 +100,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=3, help="training steps per timing")
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--decode-tokens", type=int, default=32)
+    parser.add_argument("--decode-prompt", type=int, default=64)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int)
     parser.add_argument("--json", type=Path)
@@ -121,14 +122,14 @@ def main() -> int:
     timers = {name: step_timer(cfg, args.batch, device) for name, cfg in variants.items()}
     decoders = {
         "baseline": decode_timer(
-            base, args.decode_batch, "sequential", device, 64, args.decode_tokens
+            base, args.decode_batch, "sequential", device, args.decode_prompt, args.decode_tokens
         ),
         "block_attnres two_phase": decode_timer(
             variants["block_attnres"],
             args.decode_batch,
             "two_phase",
             device,
-            64,
+            args.decode_prompt,
             args.decode_tokens,
         ),
         "block_attnres sequential": decode_timer(
@@ -136,7 +137,7 @@ def main() -> int:
             args.decode_batch,
             "sequential",
             device,
-            64,
+            args.decode_prompt,
             args.decode_tokens,
         ),
     }
@@ -186,7 +187,8 @@ def main() -> int:
             }
         )
     print(
-        f"\ndecode, batch={args.decode_batch}, {args.decode_tokens} tokens after a 64-token prompt"
+        f"\ndecode, batch={args.decode_batch}, {args.decode_tokens} tokens "
+        f"after a {args.decode_prompt}-token prompt"
     )
     print(f"{'path':26} {'ms/token':>9} {'vs baseline':>12} {'target':>8}")
     for name in decoders:

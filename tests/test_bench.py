@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,3 +35,75 @@ def test_cost_model_bench_writes_json(tmp_path: Path) -> None:
     assert [r["path"] for r in rows] == ["scalar", "vectorised", "price_many"]
     assert all(r["points"] == 100 and r["candidates_per_s"] > 0 for r in rows)
     assert "candidates/s" in run.stdout
+
+
+def run_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def test_variants_and_trainer_benches_run(tmp_path: Path) -> None:
+    out = tmp_path / "v.json"
+    run_bench(
+        "bench/variants.py",
+        "--n-layers",
+        "1",
+        "--d-model",
+        "32",
+        "--n-heads",
+        "2",
+        "--seq-len",
+        "32",
+        "--batch",
+        "2",
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--decode-tokens",
+        "2",
+        "--decode-prompt",
+        "8",
+        "--json",
+        str(out),
+    )
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["variant"] for r in rows if r["kind"] == "train_step"} >= {
+        "baseline",
+        "block_attnres",
+        "mhc_lite",
+    }
+    t = tmp_path / "t.json"
+    run_bench("bench/trainer.py", "--steps", "3", "--rounds", "1", "--json", str(t))
+    assert json.loads(t.read_text())["ratio"] > 0
+
+
+@pytest.mark.postgres
+def test_storage_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    run_bench(
+        "bench/storage.py", "--jobs", "2", "--cycles", "3", "--repeats", "1", "--json", str(out)
+    )
+    rates = json.loads(out.read_text())["rates"]
+    assert rates["sqlite"][0] > 0 and rates["postgresql"][0] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_scheduling_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "sch.json"
+    run_bench(
+        "bench/scheduling.py",
+        "--trials",
+        "2",
+        "--repeats",
+        "1",
+        "--tokens",
+        "512",
+        "--json",
+        str(out),
+    )
+    assert json.loads(out.read_text())["runs"][0]["ratio"] > 0

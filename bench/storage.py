@@ -1,0 +1,117 @@
+"""Storage throughput: ask + tell per second with 8 concurrent jobs (one process and one study
+each, in the same database), SQLite and PostgreSQL side by side. Each cycle writes what the
+runner writes: the architecture and cost attributes, then the values.
+
+    python bench/storage.py [--jobs 8 --cycles 40 --repeats 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=name, storage=optuna_storage(url))
+    costs = {f"metric_{i}": float(i) for i in range(19)}
+    barrier.wait()  # type: ignore[attr-defined]
+    for i in range(cycles):
+        trial = study.ask()
+        x = trial.suggest_int("n_layers", 1, 32)
+        trial.set_user_attr("arch", {"n_layers": x, "d_model": 64 * i})
+        trial.set_user_attr("costs", costs)
+        study.tell(trial, [float(x), float(i)])
+
+
+def measure(url: str, jobs: int, cycles: int) -> float:
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    storage = optuna_storage(url)
+    names = []
+    for _ in range(jobs):
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        optuna.create_study(study_name=name, storage=storage, directions=["minimize", "minimize"])
+        names.append(name)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(jobs + 1)
+    procs = [ctx.Process(target=_worker, args=(url, n, cycles, barrier)) for n in names]
+    for p in procs:
+        p.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for p in procs:
+        p.join()
+    wall = time.perf_counter() - start
+    if any(p.exitcode for p in procs):
+        raise RuntimeError("a worker failed")
+    return jobs * cycles / wall
+
+
+def postgres_url() -> tuple[str, object]:
+    from sqlalchemy import create_engine, text
+
+    name = f"ds_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=8)
+    parser.add_argument("--cycles", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    rates: dict[str, list[float]] = {"sqlite": [], "postgresql": []}
+    for _ in range(args.repeats):  # interleaved
+        rates["sqlite"].append(
+            measure(f"sqlite:///{tempfile.mkdtemp()}/s.db", args.jobs, args.cycles)
+        )
+        url, drop = postgres_url()
+        try:
+            rates["postgresql"].append(measure(url, args.jobs, args.cycles))
+        finally:
+            drop()  # type: ignore[operator]
+    print(
+        f"storage: {args.jobs} concurrent jobs × {args.cycles} ask+tell, median of {args.repeats}"
+    )
+    print(f"{'backend':12} {'ask+tell/s':>11}")
+    for name, values in rates.items():
+        print(f"{name:12} {statistics.median(values):11.1f}")
+    ratio = statistics.median(
+        p / s for p, s in zip(rates["postgresql"], rates["sqlite"], strict=True)
+    )
+    print(f"postgresql / sqlite: {ratio:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps({"benchmark": "storage", "rates": rates}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
