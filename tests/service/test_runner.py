@@ -410,7 +410,7 @@ def test_job_on_a_separately_started_ray_cluster(
         "DEPTHSCOPE_CLUSTERS__LAB__ADDRESS": address,
         "DEPTHSCOPE_CLUSTERS__LAB__AUTH_MODE": "token",
         "DEPTHSCOPE_CLUSTERS__LAB__AUTH_TOKEN": token,
-        "DEPTHSCOPE_CLUSTERS__LAB__SHIP_CODE": "true",  # cost_model/ and workers/ travel with the tasks
+        "DEPTHSCOPE_CLUSTERS__LAB__SHIP_CODE": "true",  # the code travels with the tasks
         "RAY_USAGE_STATS_ENABLED": "0",
     }
     out = subprocess.run(
