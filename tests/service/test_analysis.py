@@ -1,0 +1,118 @@
+"""Pareto fronts against a brute-force reference (hypothesis), the optimum fit on synthetic
+losses, and the scaling fits."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nas_service.analysis import (
+    compute_multiplier,
+    dominates,
+    fit_optimum,
+    fit_scaling,
+    pareto_front,
+    plot_optimum,
+    plot_pareto,
+)
+
+
+def brute_force(points: np.ndarray) -> list[int]:
+    return [
+        i
+        for i in range(len(points))
+        if not any(dominates(points[j], points[i]) for j in range(len(points)) if j != i)
+    ]
+
+
+small_ints = st.integers(min_value=0, max_value=6)  # few values: many ties and duplicates
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=4).flatmap(
+        lambda m: st.lists(st.lists(small_ints, min_size=m, max_size=m), min_size=0, max_size=40)
+    )
+)
+def test_pareto_equals_brute_force(rows: list[list[int]]) -> None:
+    points = np.asarray(rows, dtype=float).reshape(len(rows), -1) if rows else np.zeros((0, 2))
+    assert pareto_front(points).tolist() == brute_force(points)
+
+
+def test_pareto_ties_and_duplicates() -> None:
+    pts = np.array([[1, 5], [1, 5], [2, 2], [2, 3], [3, 2], [5, 1], [1, 6]], dtype=float)
+    assert pareto_front(pts).tolist() == [0, 1, 2, 5]
+
+
+def test_pareto_is_fast_at_ten_thousand() -> None:
+    rng = np.random.default_rng(0)
+    pts = rng.random((10_000, 2))
+    front = pareto_front(pts)
+    assert 0 < len(front) < 100
+    three = pareto_front(rng.random((10_000, 3)))
+    assert len(three) > 0
+
+
+def synthetic(opt: float, ratios: np.ndarray, noise: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = np.log(ratios)
+    return 2.0 + 0.05 * (x - math.log(opt)) ** 2 + rng.normal(0, noise, len(ratios))
+
+
+def test_optimum_recovers_a_known_minimum() -> None:
+    ratios = np.repeat([15.0, 30.0, 45.0, 60.0, 75.0, 100.0], 4)
+    fit = fit_optimum("block_attnres", ratios, synthetic(45.0, ratios, 0.002), bootstrap=200)
+    assert fit.verdict == "ok"
+    assert fit.optimum_ratio == pytest.approx(45.0, rel=0.1)
+    assert fit.ci_low < 45.0 < fit.ci_high
+    assert fit.n_shapes == 6 and fit.n_trials == 24
+
+
+def test_optimum_outside_the_space_is_at_the_edge() -> None:
+    ratios = np.repeat([15.0, 20.0, 30.0, 40.0], 3)
+    fit = fit_optimum("baseline", ratios, synthetic(120.0, ratios, 0.0005))
+    assert fit.verdict == "at_edge"
+    assert "above" in fit.message and fit.optimum_ratio > 40
+
+
+def test_optimum_needs_three_shapes_and_a_minimum() -> None:
+    assert fit_optimum("x", [10, 10, 20], [2.0, 2.1, 1.9]).verdict == "too_few_shapes"
+    ratios = np.array([10.0, 20.0, 40.0, 80.0])
+    hill = 2.0 - 0.05 * (np.log(ratios) - np.log(28)) ** 2
+    assert fit_optimum("x", ratios, hill).verdict == "no_minimum"
+
+
+def test_scaling_fit_and_multiplier() -> None:
+    c = np.array([1e18, 3e18, 1e19, 3e19])
+    base = fit_scaling("baseline", c, 1.891 * (c / 1e18) ** -0.057 * 1e18**0.0)
+    assert base.alpha == pytest.approx(0.057, rel=1e-6)
+    block = fit_scaling("block_attnres", c, 0.98 * base.loss_at(c) * 1.0)
+    mult = compute_multiplier(block, base, loss=1.8)
+    assert mult == pytest.approx(0.98 ** (-1 / 0.057), rel=1e-6)  # ≈ 1.43× the compute
+    with pytest.raises(ValueError, match="two budgets"):
+        fit_scaling("x", [1e18, 1e18], [2.0, 2.0])
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    pts = np.array([[1.0, 3.0], [2.0, 2.0], [3.0, 2.5]])
+    plot_pareto(
+        pts[:, 0],
+        pts[:, 1],
+        pareto_front(pts),
+        ["a", "b", "a"],
+        "memory",
+        "loss",
+        str(tmp_path / "p.png"),
+    )
+    ratios = np.repeat([15.0, 30.0, 60.0], 2)
+    fit = fit_optimum("a", ratios, synthetic(30.0, ratios, 0.001))
+    plot_optimum(
+        {"a": (ratios, synthetic(30.0, ratios, 0.001))}, {"a": fit}, str(tmp_path / "o.png")
+    )
+    for name in ("p.png", "o.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
