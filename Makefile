@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast lint typecheck bench clean
+.PHONY: setup demo cost-demo test test-fast lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -17,9 +17,14 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# The main job. For now: price a few architectures (every residual variant side by side)
-# with the analytic cost model.
+# The main job, end to end on embedded defaults (SQLite file, local Ray, built-in corpus):
+# start the service, submit examples/quick.yaml, follow it, print the Pareto front and the
+# d_model/L optimum per variant, write the plots to out/.
 demo: setup
+	$(PY) -m nas_service.demo --spec examples/quick.yaml --out out
+
+# Every residual variant priced side by side with the analytic cost model.
+cost-demo: setup
 	$(VENV)/bin/depthscope cost --n-layers 16 --d-model 1024 --n-heads 16 --seq-len 4096 \
 		--dtype bfloat16 --variant baseline,full_attnres,block_attnres,mhc_lite,denseformer \
 		--block-size 8 --tp 2 --pp 4 --vpp 2 --microbatches 16 --hardware h100

@@ -121,7 +121,7 @@ def fit_optimum(
     r, y = r[ok], y[ok]
     x = np.log(r)
     shapes = len(np.unique(np.round(x, 9)))
-    fit = OptimumFit(variant, int(len(y)), shapes, "too_few_shapes", best_observed=best_observed)
+    fit = OptimumFit(variant, len(y), shapes, "too_few_shapes", best_observed=best_observed)
     if len(y):
         fit.explored = (float(r.min()), float(r.max()))
     if shapes < 3:
@@ -211,7 +211,7 @@ def compute_multiplier(target: ScalingFit, reference: ScalingFit, loss: float) -
     return reference.compute_for(loss) / target.compute_for(loss)
 
 
-# -- plots ------------------------------------------------------------------------------------------
+# -- plots ---------------------------------------------------------------------------------
 
 
 def plot_pareto(

@@ -324,6 +324,265 @@ def _cmd_runner(args: argparse.Namespace) -> int:
     return runner_main(list(args.args))
 
 
+# -- the service and its HTTP client ----------------------------------------------------------
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+def _add_client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help=f"the service (default: DEPTHSCOPE_URL or {DEFAULT_URL})")
+
+
+class CliError(Exception):
+    pass
+
+
+def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    """One HTTP call; the token comes from DEPTHSCOPE_API_TOKEN. Errors become CliError
+    with the service's message."""
+    import os
+
+    import httpx
+
+    url = args.url or os.environ.get("DEPTHSCOPE_URL") or DEFAULT_URL
+    headers = {}
+    token = os.environ.get("DEPTHSCOPE_API_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx.request(
+            method, url.rstrip("/") + path, headers=headers, timeout=120, **kwargs
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the service at {url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        raise CliError(f"{response.status_code}: {message}")
+    if response.headers.get("content-type", "").startswith("image/"):
+        return response.content
+    return response.json()
+
+
+def _client_command(func: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            result: int = func(args)
+            return result
+        except CliError as exc:
+            print(f"depthscope {args.command}: error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _add_service_parsers(sub: Any) -> None:
+    p = sub.add_parser("serve", help="run the HTTP API (and the local runner)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--database-url", help="default: DEPTHSCOPE_DATABASE_URL")
+    p.add_argument("--no-runner", action="store_true", help="serve the API only")
+    p.set_defaults(func=_cmd_serve)
+
+    p = sub.add_parser("submit", help="submit a job spec (YAML)")
+    p.add_argument("spec", help="a YAML job spec, e.g. examples/quick.yaml")
+    p.add_argument("--wait", action="store_true", help="follow the job to its end")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_submit))
+
+    p = sub.add_parser("status", help="list jobs, or show one")
+    p.add_argument("job", nargs="?")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_status))
+
+    p = sub.add_parser("cancel", help="cancel a job")
+    p.add_argument("job")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_cancel))
+
+    p = sub.add_parser("trials", help="a job's trials")
+    p.add_argument("job")
+    p.add_argument("--state")
+    p.add_argument("--variant")
+    p.add_argument("--limit", type=int, default=100)
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_trials))
+
+    p = sub.add_parser("pareto", help="the Pareto front over two or more metrics")
+    p.add_argument("job")
+    p.add_argument("--metrics", default="val_loss,train_memory_bytes")
+    p.add_argument("--variant")
+    p.add_argument("--plot", help="write a PNG of the first two metrics here")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_pareto))
+
+    p = sub.add_parser("optimum", help="the loss-optimal d_model/L per variant")
+    p.add_argument("job")
+    p.add_argument("--plot", help="write a PNG of loss versus d_model/L here")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_optimum))
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    overrides: dict[str, Any] = {}
+    if args.database_url:
+        overrides["database_url"] = args.database_url
+    settings = get_settings(**overrides)
+    app = create_app(settings, run_clusters=() if args.no_runner else ("local",))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    import yaml
+
+    try:
+        with open(args.spec, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        raise CliError(f"spec: cannot read {args.spec!r}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise CliError(f"spec: {args.spec!r} is not valid YAML: {exc}") from None
+    job = _request(args, "POST", "/v1/jobs", json=data)
+    print(f"submitted job {job['id']} ({job['name']}, {job['n_trials']} trials)")
+    if args.wait:
+        job = _follow(args, job["id"])
+        print(f"job {job['id']}: {job['status']}")
+        return 0 if job["status"] == "completed" else 1
+    return 0
+
+
+def _follow(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
+    import time
+
+    from tqdm import tqdm
+
+    job = _request(args, "GET", f"/v1/jobs/{job_id}")
+    bar = tqdm(total=job["n_trials"], unit="trial", file=sys.stderr)
+    while True:
+        job = _request(args, "GET", f"/v1/jobs/{job_id}")
+        _request(args, "GET", "/v1/health")  # a dead runner shows here (503), not as a hang
+        p, c = job["progress"], job["compute"]
+        bar.n = p["counted"]
+        bar.set_postfix(
+            running=p["running"], pruned=p["pruned"], compute=f"{c['fraction']:.0%}", refresh=False
+        )
+        bar.refresh()
+        if job["status"] not in ("pending", "running"):
+            bar.close()
+            return dict(job)
+        time.sleep(2)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    if args.job:
+        job = _request(args, "GET", f"/v1/jobs/{args.job}")
+        p, c = job["progress"], job["compute"]
+        eta = f"{job['eta_s']:.0f}s" if job["eta_s"] is not None else "-"
+        print(f"{job['id']}  {job['name']}  {job['status']}")
+        print(
+            f"trials {p['counted']}/{job['n_trials']} (completed {p['completed']}, running "
+            f"{p['running']}, pruned {p['pruned']}, infeasible {p['infeasible']}, failed "
+            f"{p['failed']}, diverged {p['diverged']})"
+        )
+        print(
+            f"compute {c['spent']:.3g} of {c['budget']:.3g} {c['kind']} "
+            f"({c['fraction']:.0%}), ETA {eta}"
+        )
+        return 0
+    jobs = _request(args, "GET", "/v1/jobs")
+    print(f"{'id':36}  {'status':10} {'trials':>9}  name")
+    for job in jobs["items"]:
+        trials = f"{job['progress']['counted']}/{job['n_trials']}"
+        print(f"{job['id']:36}  {job['status']:10} {trials:>9}  {job['name']}")
+    return 0
+
+
+def _cmd_cancel(args: argparse.Namespace) -> int:
+    job = _request(args, "POST", f"/v1/jobs/{args.job}/cancel")
+    print(f"job {job['id']}: {job['status']}")
+    return 0
+
+
+def _trial_line(t: dict[str, Any], metrics: Sequence[str]) -> str:
+    arch = t.get("arch") or {}
+    shape = f"L_b={arch.get('n_layers', '?')} d={arch.get('d_model', '?')}"
+    if arch.get("block_size"):
+        shape += f" S={arch['block_size']}"
+    values = "  ".join(
+        f"{m}={t['metrics'][m]:.4g}" if isinstance(t["metrics"].get(m), int | float) else f"{m}=-"
+        for m in metrics
+    )
+    return f"{t['number']:>5}  {t['state']:9} {t['variant']:20} {shape:22} {values}"
+
+
+def _cmd_trials(args: argparse.Namespace) -> int:
+    params = {"limit": args.limit}
+    if args.state:
+        params["state"] = args.state
+    if args.variant:
+        params["variant"] = args.variant
+    page = _request(args, "GET", f"/v1/jobs/{args.job}/trials", params=params)
+    for t in page["items"]:
+        line = _trial_line(t, ["val_loss", "params"])
+        print(line + (f"  ({t['outcome']}: {t['reason']})" if t["reason"] else ""))
+    print(f"{len(page['items'])} of {page['total']} trials")
+    return 0
+
+
+def _cmd_pareto(args: argparse.Namespace) -> int:
+    params = {"metrics": args.metrics}
+    if args.variant:
+        params["variant"] = args.variant
+    out = _request(args, "GET", f"/v1/jobs/{args.job}/pareto", params=params)
+    print(
+        f"Pareto front over {', '.join(out['metrics'])}: "
+        f"{len(out['front'])} of {out['n_candidates']} trials"
+    )
+    for t in out["front"]:
+        print(_trial_line(t, out["metrics"]))
+    if args.plot:
+        png = _request(args, "GET", f"/v1/jobs/{args.job}/plots/pareto.png", params=params)
+        with open(args.plot, "wb") as f:
+            f.write(png)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_optimum(args: argparse.Namespace) -> int:
+    out = _request(args, "GET", f"/v1/jobs/{args.job}/optimum")
+    print("loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% bootstrap):")
+    for f in out["fits"]:
+        name = f["variant"] + (
+            f" @ {f['budget']:.3g}" if f.get("budget") and len(out["fits"]) > 1 else ""
+        )
+        best = f.get("best_observed") or {}
+        if f["optimum_ratio"] is not None:
+            ci = f" [{f['ci_low']:.3g}, {f['ci_high']:.3g}]" if f["ci_low"] is not None else ""
+            head = f"{name:24} d_model/L_b ≈ {f['optimum_ratio']:.3g}{ci}"
+        else:
+            head = f"{name:24} no optimum"
+        print(
+            f"{head}  ({f['verdict']}; {f['n_shapes']} shapes, {f['n_trials']} trials; "
+            f"best observed {best.get('val_loss', float('nan')):.4f} "
+            f"at L_b={best.get('n_layers')}, d={best.get('d_model')})"
+        )
+        if f["message"]:
+            print(f"{'':24} {f['message']}")
+    if args.plot:
+        png = _request(args, "GET", f"/v1/jobs/{args.job}/plots/optimum.png")
+        with open(args.plot, "wb") as fh:
+            fh.write(png)
+        print(f"wrote {args.plot}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="depthscope",
@@ -334,6 +593,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train_parser(sub)
     _add_db_parser(sub)
     _add_runner_parser(sub)
+    _add_service_parsers(sub)
     return parser
 
 

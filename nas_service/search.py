@@ -59,13 +59,23 @@ def grid_space(spec: JobSpec) -> dict[str, list[Any]]:
         grid["aspect_ratio"] = list(space.aspect_ratio)
     if space.n_heads is not None:
         grid["n_heads"] = axis_values(space.n_heads)
+    if len(spec.budget.values()) > 1:
+        grid["budget"] = spec.budget.values()
     return grid
+
+
+class _Grid(optuna.samplers.GridSampler):
+    """Optuna's grid sampler stops the study when the grid is exhausted, which only works
+    inside `optimize`; the runner stops at `n_trials` itself (revisiting grid points)."""
+
+    def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+        return None
 
 
 def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
     seed = spec.sampler_seed
     if spec.sampler == "grid":
-        return optuna.samplers.GridSampler(grid_space(spec), seed=seed)
+        return _Grid(grid_space(spec), seed=seed)
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "nsga2":
@@ -122,7 +132,14 @@ def suggest(trial: optuna.Trial, spec: JobSpec) -> dict[str, Any]:
         params["aspect_ratio"] = trial.suggest_categorical("aspect_ratio", list(space.aspect_ratio))
     if space.n_heads is not None:
         params["n_heads"] = _suggest_axis(trial, "n_heads", space.n_heads)
+    if len(spec.budget.values()) > 1:
+        params["budget"] = trial.suggest_categorical("budget", spec.budget.values())
     return params
+
+
+def trial_budget(spec: JobSpec, params: dict[str, Any]) -> float:
+    """The budget of a trial: its own `budget` parameter, or the job's single budget."""
+    return float(params.get("budget", spec.budget.values()[0]))
 
 
 @dataclass
@@ -158,8 +175,8 @@ def price_candidate(spec: JobSpec, params: dict[str, Any], seed: int = 0) -> Pri
     t = spec.training
     train_spec = TrainSpec(
         arch=arch,
-        budget_flops=spec.budget.flops,
-        budget_tokens=spec.budget.tokens,
+        budget_flops=trial_budget(spec, params) if spec.budget.kind == "flops" else None,
+        budget_tokens=int(trial_budget(spec, params)) if spec.budget.kind == "tokens" else None,
         batch_size=t.batch_size,
         lr=t.lr,
         schedule=t.schedule,

@@ -52,6 +52,7 @@ class Settings(BaseSettings):
     max_concurrent_trials: int = Field(default=64, ge=1)
     max_seeds: int = Field(default=5, ge=1)
     max_candidates_enumerated: int = Field(default=200_000, ge=1)
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)
     data_dir: Path = Path("depthscope-data")
 
 

@@ -177,16 +177,34 @@ class SearchSpace(_Strict):
 
 
 class Budget(_Strict):
-    """Per candidate: training FLOPs (causal count) or training tokens, exactly one."""
+    """Per candidate: training FLOPs (causal count) or training tokens, exactly one. A list
+    makes the budget a searched axis (a scaling-law job over several budgets)."""
 
-    flops: float | None = Field(default=None, gt=0)
-    tokens: int | None = Field(default=None, ge=1)
+    flops: float | list[float] | None = None
+    tokens: int | list[int] | None = None
+
+    @field_validator("flops", "tokens")
+    @classmethod
+    def _positive(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            _check_choices(value)
+        elif value is not None and not value > 0:
+            raise ValueError("must be greater than 0")
+        return value
 
     @model_validator(mode="after")
     def _one(self) -> Budget:
         if (self.flops is None) == (self.tokens is None):
             raise ValueError("give exactly one of flops and tokens")
         return self
+
+    @property
+    def kind(self) -> str:
+        return "flops" if self.flops is not None else "tokens"
+
+    def values(self) -> list[float]:
+        raw = self.flops if self.flops is not None else self.tokens
+        return [float(v) for v in (raw if isinstance(raw, list) else [raw])]  # type: ignore[union-attr]
 
 
 class Constraint(_Strict):
@@ -448,11 +466,12 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     errors: list[tuple[str, str]] = []
     if spec.n_trials > settings.max_trials:
         errors.append(("n_trials", f"{spec.n_trials} is over the limit of {settings.max_trials}"))
-    if spec.budget.flops is not None and spec.budget.flops > settings.max_budget_flops:
+    budgets = spec.budget.values()
+    if spec.budget.kind == "flops" and max(budgets) > settings.max_budget_flops:
         errors.append(
             (
                 "budget.flops",
-                f"{spec.budget.flops:g} is over the limit of {settings.max_budget_flops:g}",
+                f"{max(budgets):g} is over the limit of {settings.max_budget_flops:g}",
             )
         )
     if spec.max_concurrent > settings.max_concurrent_trials:
@@ -479,8 +498,8 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
         reasons = sorted({c.reason for c in candidates})
         raise SpecError([("space", "no valid candidate: " + "; ".join(reasons[:3]))])
     step_tokens = spec.training.batch_size * spec.training.seq_len
-    if spec.budget.flops is not None:
-        best = max(tokens_for_budget(c.arch, spec.budget.flops) for c in valid if c.arch)
+    if spec.budget.kind == "flops":
+        best = max(tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch)
         if best < step_tokens:
             raise SpecError(
                 [
@@ -491,12 +510,12 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
                     )
                 ]
             )
-    elif spec.budget.tokens is not None and spec.budget.tokens < step_tokens:
+    elif min(budgets) < step_tokens:
         raise SpecError(
             [
                 (
                     "budget.tokens",
-                    f"{spec.budget.tokens} is fewer than one optimizer step ({step_tokens})",
+                    f"{int(min(budgets))} is fewer than one optimizer step ({step_tokens})",
                 )
             ]
         )

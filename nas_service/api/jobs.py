@@ -1,0 +1,162 @@
+"""Jobs and their trials: submit, list, read (progress, compute, ETA), cancel, trials."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, status
+from sqlalchemy import func, select
+
+from cost_model import VARIANTS
+from nas_service.api.deps import ResultsDep, SessionDep, SessionFactoryDep, SettingsDep
+from nas_service.api.errors import ApiError
+from nas_service.api.schemas import Compute, JobList, JobRead, Progress, TrialList
+from nas_service.db import JOB_STATES, Job
+from nas_service.jobs import cancel_job, get_job, submit_job
+from nas_service.results import JobResults, ResultsCache
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
+
+
+def job_results(cache: ResultsCache, job: Job) -> JobResults:
+    spec = job.spec
+    budget = spec["budget"].get("flops") or spec["budget"].get("tokens")
+    single = None if isinstance(budget, list) else float(budget)
+    return cache.get(job.study_name, list(spec["objectives"]), single)
+
+
+def read_job(job: Job, results: JobResults) -> JobRead:
+    rows = [r for r in results.rows if not r.lost]
+    counted = results.counted()
+    outcome = [r.outcome for r in counted]
+    spec = job.spec
+    budget = spec["budget"]
+    kind = "flops" if budget.get("flops") is not None else "tokens"
+    values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
+    per_trial = sum(values) / len(values) * spec.get("seeds", 1)
+    key = "flops_spent" if kind == "flops" else "tokens_seen"
+    spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
+    total = per_trial * job.n_trials
+    trained = [r.duration_s for r in counted if r.state == "complete" and r.duration_s]
+    remaining = job.n_trials - len(counted)
+    eta = None
+    if job.status in ("pending", "running") and trained:
+        eta = sum(trained) / len(trained) * remaining / max(1, spec.get("max_concurrent", 1))
+    return JobRead(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        n_trials=job.n_trials,
+        study_name=job.study_name,
+        objectives=list(spec["objectives"]),
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        error=job.error,
+        progress=Progress(
+            counted=len(counted),
+            completed=sum(1 for r in counted if r.state == "complete"),
+            running=sum(1 for r in rows if r.state == "running"),
+            pruned=outcome.count("pruned"),
+            infeasible=outcome.count("infeasible") + outcome.count("over_constraint"),
+            failed=outcome.count("failed") + outcome.count("cancelled"),
+            diverged=outcome.count("diverged"),
+        ),
+        compute=Compute(
+            kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
+        ),
+        eta_s=eta,
+        spec=spec,
+    )
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobRead)
+def create(
+    body: Annotated[dict[str, Any], Body()],
+    settings: SettingsDep,
+    sessions: SessionFactoryDep,
+    session: SessionDep,
+    cache: ResultsDep,
+) -> JobRead:
+    active = session.scalar(
+        select(func.count()).select_from(Job).where(Job.status.in_(("pending", "running")))
+    )
+    if active is not None and active >= settings.max_concurrent_jobs:
+        raise ApiError(
+            429, f"{active} jobs are active; the limit is {settings.max_concurrent_jobs}", "jobs"
+        )
+    job = submit_job(sessions, settings, body, storage=cache.storage)
+    return read_job(job, job_results(cache, job))
+
+
+@router.get("", response_model=JobList)
+def list_jobs(
+    session: SessionDep,
+    cache: ResultsDep,
+    status_: Annotated[str | None, Query(alias="status")] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobList:
+    query = select(Job)
+    if status_ is not None:
+        if status_ not in JOB_STATES:
+            raise ApiError(
+                422,
+                f"unknown status {status_!r}; expected one of {', '.join(JOB_STATES)}",
+                "status",
+            )
+        query = query.where(Job.status == status_)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    jobs = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset)).all()
+    return JobList(
+        items=[read_job(j, job_results(cache, j)) for j in jobs],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def read(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
+    job = get_job(session, job_id)
+    return read_job(job, job_results(cache, job))
+
+
+@router.post("/{job_id}/cancel", response_model=JobRead)
+def cancel(
+    job_id: str, sessions: SessionFactoryDep, session: SessionDep, cache: ResultsDep
+) -> JobRead:
+    cancel_job(sessions, job_id)
+    job = get_job(session, job_id)
+    session.refresh(job)
+    return read_job(job, job_results(cache, job))
+
+
+@router.get("/{job_id}/trials", response_model=TrialList)
+def trials(
+    job_id: str,
+    session: SessionDep,
+    cache: ResultsDep,
+    state: str | None = None,
+    variant: str | None = None,
+    curve: bool = False,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> TrialList:
+    if state is not None and state not in TRIAL_STATES:
+        raise ApiError(
+            422, f"unknown state {state!r}; expected one of {', '.join(TRIAL_STATES)}", "state"
+        )
+    if variant is not None and variant not in VARIANTS:
+        raise ApiError(422, f"unknown variant {variant!r}", "variant")
+    job = get_job(session, job_id)
+    rows = [
+        r
+        for r in job_results(cache, job).rows
+        if (state is None or r.state == state) and (variant is None or r.variant == variant)
+    ]
+    page = rows[offset : offset + limit]
+    return TrialList(
+        items=[r.as_dict(curve) for r in page], total=len(rows), limit=limit, offset=offset
+    )

@@ -1,0 +1,112 @@
+"""The README's main job, end to end on embedded defaults: start the service (SQLite file,
+local Ray, built-in corpus), submit `examples/quick.yaml`, follow it, print the Pareto front
+and the d_model/L optimum per variant, and write the plots to `out/`.
+
+    python -m nas_service.demo [--spec examples/quick.yaml] [--out out]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from nas_service.cli import main as cli
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", default="examples/quick.yaml")
+    parser.add_argument("--out", default="out")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    db = out / "demo.db"
+    for stale in out.glob("demo.db*"):
+        stale.unlink()
+    url = f"http://127.0.0.1:{_free_port()}"
+    port = url.rsplit(":", 1)[1]
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    log = (out / "service.log").open("w")
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nas_service.cli",
+            "serve",
+            "--port",
+            port,
+            "--database-url",
+            f"sqlite:///{db}",
+        ],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                print(f"the service did not start; see {out / 'service.log'}", file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        print(f"service up at {url} (database {db}, local Ray, built-in corpus)")
+        spec = yaml.safe_load(Path(args.spec).read_text())
+        job = httpx.post(f"{url}/v1/jobs", json=spec, timeout=120).json()
+        if "id" not in job:
+            print(f"submission refused: {job}", file=sys.stderr)
+            return 1
+        print(f"submitted job {job['id']}: {job['name']}, {job['n_trials']} trials")
+        started = time.monotonic()
+        from nas_service.cli import _follow  # the same progress bar as `depthscope submit --wait`
+
+        final = _follow(argparse.Namespace(url=url), job["id"])
+        print(f"job {final['status']} in {time.monotonic() - started:.0f}s\n")
+        if final["status"] != "completed":
+            return 1
+        cli(["status", job["id"], "--url", url])
+        print()
+        objectives = ",".join(final["objectives"])
+        cli(
+            [
+                "pareto",
+                job["id"],
+                "--metrics",
+                objectives,
+                "--url",
+                url,
+                "--plot",
+                str(out / "pareto.png"),
+            ]
+        )
+        print()
+        cli(["optimum", job["id"], "--url", url, "--plot", str(out / "optimum.png")])
+        return 0
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""The HTTP API: every endpoint's bad input gives its 4xx with a message naming the field,
+auth on and off (in-process, no Ray); then end to end over real HTTP with uvicorn and the
+runner, and the CLI against the same server."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from nas_service.api.app import create_app
+from nas_service.settings import get_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC: dict[str, Any] = {
+    "name": "api",
+    "space": {
+        "n_layers": [1, 2],
+        "d_model": [32, 64],
+        "head_dim": 16,
+        "variants": ["baseline", "block_attnres"],
+        "block_sizes": [1],
+    },
+    "budget": {"tokens": 4 * 32 * 16},
+    "objectives": ["val_loss", "params"],
+    "sampler": "grid",
+    "pruner": "none",
+    "n_trials": 4,
+    "max_concurrent": 2,
+    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 2, "eval_batches": 2, "threads": 1},
+    "cost": {"hardware": "cpu"},
+}
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", max_trials=50))
+    with TestClient(app) as c:
+        yield c
+
+
+def error(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()["error"]
+    assert body["status"] == status and body["message"]
+    return dict(body)
+
+
+def test_submit_read_list_cancel(client: TestClient) -> None:
+    r = client.post("/v1/jobs", json=SPEC)
+    assert r.status_code == 201
+    job = r.json()
+    assert job["status"] == "pending" and job["n_trials"] == 4
+    assert job["progress"]["counted"] == 0 and job["compute"]["kind"] == "tokens"
+    assert client.get(f"/v1/jobs/{job['id']}").json()["id"] == job["id"]
+    listing = client.get("/v1/jobs", params={"status": "pending"}).json()
+    assert listing["total"] == 1 and listing["items"][0]["id"] == job["id"]
+    assert client.get("/v1/jobs", params={"status": "completed"}).json()["total"] == 0
+    assert client.post(f"/v1/jobs/{job['id']}/cancel").json()["status"] == "cancelled"
+    assert error(client.post(f"/v1/jobs/{job['id']}/cancel"), 409)["field"] == "status"
+    assert client.get(f"/v1/jobs/{job['id']}/trials").json() == {
+        "items": [],
+        "total": 0,
+        "limit": 100,
+        "offset": 0,
+    }
+
+
+def bad_spec(path: str, value: Any) -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    node = spec
+    *parents, last = path.split(".")
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (bad_spec("n_trials", 0), "n_trials"),
+        (bad_spec("n_trials", 500), "n_trials"),  # over the configured limit of 50
+        (bad_spec("space.n_layers", {"low": 4, "high": 1}), "space.n_layers"),
+        (bad_spec("space.variants", ["nope"]), "space.variants"),
+        (bad_spec("objectives", ["val_loss", "speed"]), "objectives"),
+        (bad_spec("cluster", "elsewhere"), "cluster"),
+        (bad_spec("budget", {"tokens": 3}), "budget.tokens"),
+        ({"name": "x"}, "space"),
+    ],
+)
+def test_bad_specs_are_422_and_store_nothing(
+    client: TestClient, spec: dict[str, Any], field: str
+) -> None:
+    body = error(client.post("/v1/jobs", json=spec), 422)
+    assert field in [e["field"] for e in body["errors"]]
+    assert client.get("/v1/jobs").json()["total"] == 0
+
+
+def test_bad_queries(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json=SPEC).json()["id"]
+    assert error(client.get("/v1/jobs/unknown"), 404)["field"] == "job_id"
+    assert error(client.get("/v1/jobs/unknown/trials"), 404)["field"] == "job_id"
+    assert error(client.get("/v1/jobs", params={"status": "sleeping"}), 422)["field"] == "status"
+    assert error(client.get("/v1/jobs", params={"limit": 0}), 422)["field"] == "limit"
+    assert (
+        error(client.get(f"/v1/jobs/{job}/trials", params={"state": "odd"}), 422)["field"]
+        == "state"
+    )
+    assert (
+        error(client.get(f"/v1/jobs/{job}/trials", params={"variant": "odd"}), 422)["field"]
+        == "variant"
+    )
+    assert (
+        error(client.get(f"/v1/jobs/{job}/pareto", params={"metrics": "val_loss"}), 422)["field"]
+        == "metrics"
+    )
+    assert (
+        error(client.get(f"/v1/jobs/{job}/pareto", params={"metrics": "val_loss,colour"}), 422)[
+            "field"
+        ]
+        == "metrics"
+    )
+    assert error(client.get(f"/v1/jobs/{job}/pareto"), 422)["field"] == "metrics"
+    assert (
+        error(client.get(f"/v1/jobs/{job}/optimum", params={"bootstrap": -1}), 422)["field"]
+        == "bootstrap"
+    )
+    assert error(client.get(f"/v1/jobs/{job}/scaling", params={"loss": -2}), 422)["field"] == "loss"
+    assert error(client.get(f"/v1/jobs/{job}/plots/optimum.png"), 409)
+    assert error(
+        client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}),
+        422,
+    )
+
+
+def test_cost_endpoint(client: TestClient) -> None:
+    ok = client.post(
+        "/v1/cost", json={"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}, "hardware": "h200"}
+    )
+    assert ok.status_code == 200 and ok.json()["cost"]["metrics"]["params"] > 0
+    bad = [
+        ({"arch": {"n_layers": 2, "d_model": 65, "n_heads": 4}}, "arch.n_heads"),
+        ({"arch": {"n_layers": 2, "d_model": 64}}, "arch.n_heads"),
+        ({"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4, "colour": 1}}, "arch.colour"),
+        (
+            {"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}, "workload": {"recompute": "x"}},
+            "workload.recompute",
+        ),
+        (
+            {"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}, "parallelism": {"virtual": 2}},
+            "parallelism.virtual",
+        ),
+        ({"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}, "hardware": "tpu"}, "hardware"),
+        ({}, "arch"),
+    ]
+    for body, field in bad:
+        assert error(client.post("/v1/cost", json=body), 422)["field"] == field
+
+
+def test_request_size_limit(client: TestClient) -> None:
+    huge = {"name": "x" * (2 << 20)}
+    assert error(client.post("/v1/jobs", json=huge), 413)["field"] == "body"
+
+
+def test_auth_on(tmp_path: Path) -> None:
+    app = create_app(
+        get_settings(database_url=f"sqlite:///{tmp_path / 'a.db'}", api_token="s3cret")
+    )
+    with TestClient(app) as c:
+        assert c.get("/v1/health").status_code == 200  # no token needed
+        for method, path in (("GET", "/v1/jobs"), ("POST", "/v1/cost"), ("GET", "/metrics")):
+            assert error(c.request(method, path), 401)["field"] == "authorization"
+        assert error(c.get("/v1/jobs", headers={"Authorization": "Bearer wrong"}), 401)
+        assert c.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_health_metrics_openapi(client: TestClient) -> None:
+    assert client.get("/v1/health").json() == {"status": "ok", "database": "ok"}
+    assert "depthscope_jobs" in client.get("/metrics").text
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/jobs", "/v1/jobs/{job_id}/pareto", "/v1/jobs/{job_id}/optimum", "/v1/cost"} <= set(
+        paths
+    )
+    assert client.get("/docs").status_code == 200
+
+
+# -- end to end over real HTTP ---------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nas_service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{tmp_path / 'e2e.db'}",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(
+                "the server did not come up: " + (tmp_path / "server.log").read_text()[-2000:]
+            )
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        finally:
+            for entry in Path("/proc").iterdir():  # the runner and its Ray, by session
+                if entry.name.isdigit():
+                    try:
+                        if os.getsid(int(entry.name)) == proc.pid:
+                            os.kill(int(entry.name), 9)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+
+
+def cli(url: str, *args: str, timeout: int = 400) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "nas_service.cli", *args, "--url", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.ray
+@pytest.mark.slow
+def test_end_to_end_over_http_and_the_cli(server: str, tmp_path: Path) -> None:
+    job = httpx.post(f"{server}/v1/jobs", json=SPEC, timeout=60).json()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{server}/v1/jobs/{job['id']}", timeout=30).json()
+        if state["status"] not in ("pending", "running"):
+            break
+        time.sleep(1)
+    assert state["status"] == "completed", state
+    assert state["progress"]["counted"] == 4 and state["compute"]["fraction"] == pytest.approx(1.0)
+    trials = httpx.get(
+        f"{server}/v1/jobs/{job['id']}/trials", params={"curve": "true"}, timeout=30
+    ).json()
+    assert trials["total"] == 4 and all(t["curve"] for t in trials["items"])
+    front = httpx.get(
+        f"{server}/v1/jobs/{job['id']}/pareto", params={"metrics": "val_loss,params"}, timeout=30
+    ).json()
+    assert 1 <= len(front["front"]) <= 4 and front["n_candidates"] == 4
+    optimum = httpx.get(f"{server}/v1/jobs/{job['id']}/optimum", timeout=30).json()
+    assert {f["variant"] for f in optimum["fits"]} == {"baseline", "block_attnres"}
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC | {"name": "cli"}))
+    out = cli(server, "submit", str(spec_file), "--wait")
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.split()[2]
+    assert "completed" in out.stdout
+    assert job_id in cli(server, "status").stdout
+    assert "trials 4/4" in cli(server, "status", job_id).stdout
+    plot = tmp_path / "front.png"
+    out = cli(server, "pareto", job_id, "--metrics", "val_loss,params", "--plot", str(plot))
+    assert out.returncode == 0 and "Pareto front over val_loss, params" in out.stdout
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+    out = cli(server, "optimum", job_id, "--plot", str(tmp_path / "opt.png"))
+    assert out.returncode == 0 and "baseline" in out.stdout and (tmp_path / "opt.png").exists()
+    assert "4 of 4 trials" in cli(server, "trials", job_id).stdout
+    bad = cli(server, "pareto", job_id, "--metrics", "val_loss")
+    assert bad.returncode == 1 and "metrics" in bad.stderr
+
+    long = httpx.post(
+        f"{server}/v1/jobs",
+        json=SPEC | {"name": "long", "budget": {"tokens": 4 * 32 * 100_000}},
+        timeout=60,
+    ).json()
+    time.sleep(3)
+    out = cli(server, "cancel", long["id"])
+    assert out.returncode == 0 and "cancelled" in out.stdout
+    assert cli(server, "cancel", long["id"]).returncode == 1
