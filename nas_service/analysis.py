@@ -101,6 +101,27 @@ def _quadratic(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.polyfit(x, y, 2)
 
 
+def _bootstrap_vertices(x: np.ndarray, y: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """Vertices −b/2a of the quadratic refitted on `resamples` bootstrap resamples of the
+    trials, all at once: a resample is a vector of counts w, and its least-squares fit solves
+    (Xᵀ diag(w) X) β = Xᵀ diag(w) y with X = [x², x, 1]. Resamples with fewer than three
+    distinct shapes or a fit opening downwards are dropped."""
+    if resamples <= 0:
+        return np.zeros(0)
+    rng = np.random.default_rng(seed)
+    n = len(x)
+    counts = np.stack([np.bincount(rng.integers(0, n, n), minlength=n) for _ in range(resamples)])
+    X = np.stack([x**2, x, np.ones_like(x)], axis=1)  # (n, 3)
+    shapes = np.unique(np.round(x, 9), return_inverse=True)[1]
+    distinct = np.array([len(np.unique(shapes[c > 0])) for c in counts])
+    XtWX = np.einsum("bn,ni,nj->bij", counts, X, X)
+    XtWy = np.einsum("bn,ni,n->bi", counts, X, y)
+    ok = distinct >= 3
+    beta = np.linalg.solve(XtWX[ok], XtWy[ok][..., None])[..., 0]  # (b, 3): a, b, c
+    a, b = beta[:, 0], beta[:, 1]
+    return -b[a > 0] / (2 * a[a > 0])
+
+
 def fit_optimum(
     variant: str,
     ratios: Sequence[float],
@@ -136,16 +157,8 @@ def fit_optimum(
     x_star = -b / (2 * a)
     fit.optimum_ratio = float(math.exp(x_star))
     fit.fitted_loss = float(a * x_star**2 + b * x_star + c)
-    rng = np.random.default_rng(seed)
-    stars = []
-    for _ in range(bootstrap):
-        idx = rng.integers(0, len(y), len(y))
-        if len(np.unique(x[idx])) < 3:
-            continue
-        ba, bb, _ = _quadratic(x[idx], y[idx])
-        if ba > 0:
-            stars.append(-bb / (2 * ba))
-    if stars:
+    stars = _bootstrap_vertices(x, y, bootstrap, seed)
+    if len(stars):
         lo, hi = np.quantile(stars, [(1 - level) / 2, 1 - (1 - level) / 2])
         fit.ci_low, fit.ci_high = float(math.exp(lo)), float(math.exp(hi))
     if not x.min() <= x_star <= x.max():

@@ -48,6 +48,7 @@ class TrialRow:
     lost: bool
     duration_s: float | None
     budget: float | None = None  # FLOPs or tokens the trial was trained with
+    trial_id: int = -1  # Optuna's storage id (for incremental refreshes)
 
     @property
     def variant(self) -> str:
@@ -99,6 +100,7 @@ def _row(t: optuna.trial.FrozenTrial, objectives: list[str], budget: float | Non
         lost=bool(attrs.get(ATTR_LOST)),
         duration_s=duration,
         budget=float(t.params["budget"]) if "budget" in t.params else budget,
+        trial_id=t._trial_id,
     )
 
 
@@ -108,6 +110,13 @@ class JobResults:
     objectives: list[str]
     rows: list[TrialRow] = field(default_factory=list)
     fingerprint: tuple[Any, ...] = ()
+    memo: dict[Any, Any] = field(default_factory=dict)  # query answers for this fingerprint
+
+    def memoised(self, key: Any, compute: Any) -> Any:
+        """The answer to a query, computed once per state of the study."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     def counted(self) -> list[TrialRow]:
         return [r for r in self.rows if not r.lost and r.state in ("complete", "pruned", "failed")]
@@ -119,32 +128,59 @@ class ResultsCache:
     def __init__(self, storage: optuna.storages.RDBStorage) -> None:
         self.storage = storage
         self._cache: dict[str, JobResults] = {}
+        self._study_ids: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def _fingerprint(self, study_name: str) -> tuple[Any, ...]:
-        engine = self.storage.engine
-        with engine.connect() as conn:
+        """Changes whenever a trial is added, finishes or changes state (one indexed query
+        on Optuna's `trials` table)."""
+        if study_name not in self._study_ids:
+            self._study_ids[study_name] = self.storage.get_study_id_from_name(study_name)
+        with self.storage.engine.connect() as conn:
             row = conn.execute(
                 text(
-                    "SELECT count(t.trial_id), max(t.trial_id), max(t.datetime_complete), "
-                    "sum(CASE WHEN t.state = 'COMPLETE' THEN 1 ELSE 0 END) "
-                    "FROM trials t JOIN studies s ON s.study_id = t.study_id "
-                    "WHERE s.study_name = :name"
+                    "SELECT count(trial_id), max(trial_id), max(datetime_complete), "
+                    "sum(CASE WHEN state = 'COMPLETE' THEN 1 ELSE 0 END), "
+                    "sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END) "
+                    "FROM trials WHERE study_id = :sid"
                 ),
-                {"name": study_name},
+                {"sid": self._study_ids[study_name]},
             ).one()
         return tuple(str(v) for v in row)
 
     def get(
         self, study_name: str, objectives: list[str], budget: float | None = None
     ) -> JobResults:
+        """The job's table. Finished trials never change in Optuna, so a refresh fetches
+        only the trials added since the last one and those that were still unfinished."""
         fp = self._fingerprint(study_name)
         with self._lock:
             cached = self._cache.get(study_name)
-            if cached is not None and cached.fingerprint == fp:
-                return cached
-        study = optuna.load_study(study_name=study_name, storage=self.storage)
-        rows = [_row(t, objectives, budget) for t in study.get_trials(deepcopy=False)]
+        if cached is not None and cached.fingerprint == fp:
+            return cached
+        refetch: set[int] = set()
+        if cached is not None:
+            known = max((r.trial_id for r in cached.rows), default=-1)
+            with self.storage.engine.connect() as conn:
+                refetch = set(
+                    conn.execute(
+                        text(
+                            "SELECT trial_id FROM trials "
+                            "WHERE study_id = :sid AND trial_id > :known"
+                        ),
+                        {"sid": self._study_ids[study_name], "known": known},
+                    ).scalars()
+                )
+            refetch |= {r.trial_id for r in cached.rows if r.state in ("running", "waiting")}
+        # one query per changed trial beats reloading everything only while few changed
+        if cached is None or len(refetch) > max(100, len(cached.rows) // 10):
+            study = optuna.load_study(study_name=study_name, storage=self.storage)
+            rows = [_row(t, objectives, budget) for t in study.get_trials(deepcopy=False)]
+        else:
+            by_id = {r.trial_id: r for r in cached.rows}
+            for trial_id in refetch:
+                by_id[trial_id] = _row(self.storage.get_trial(trial_id), objectives, budget)
+            rows = sorted(by_id.values(), key=lambda r: r.number)
         results = JobResults(study_name, objectives, rows, fp)
         with self._lock:
             self._cache[study_name] = results

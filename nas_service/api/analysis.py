@@ -54,14 +54,20 @@ def pareto(
 ) -> ParetoRead:
     names = parse_metrics(metrics)
     check_variant(variant)
-    front, candidates = pareto_rows(job_results(cache, get_job(session, job_id)), names, variant)
-    front.sort(key=lambda r: [r.metrics[m] for m in names])
-    return ParetoRead(
-        metrics=names,
-        variant=variant,
-        n_candidates=len(candidates),
-        front=[r.as_dict() for r in front],
-    )
+    results = job_results(cache, get_job(session, job_id))
+
+    def answer() -> ParetoRead:
+        front, candidates = pareto_rows(results, names, variant)
+        front.sort(key=lambda r: [r.metrics[m] for m in names])
+        return ParetoRead(
+            metrics=names,
+            variant=variant,
+            n_candidates=len(candidates),
+            front=[r.as_dict() for r in front],
+        )
+
+    read: ParetoRead = results.memoised(("pareto", tuple(names), variant), answer)
+    return read
 
 
 @router.get("/{job_id}/optimum", response_model=OptimumRead)
@@ -71,7 +77,8 @@ def optimum(
     cache: ResultsDep,
     bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
 ) -> OptimumRead:
-    fits = optimum_by_variant(job_results(cache, get_job(session, job_id)), bootstrap)
+    results = job_results(cache, get_job(session, job_id))
+    fits = results.memoised(("optimum", bootstrap), lambda: optimum_by_variant(results, bootstrap))
     return OptimumRead(
         job_id=job_id, fits=[{k: v for k, v in f.items() if not k.startswith("_")} for f in fits]
     )

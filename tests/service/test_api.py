@@ -314,3 +314,65 @@ def test_end_to_end_over_http_and_the_cli(server: str, tmp_path: Path) -> None:
     out = cli(server, "cancel", long["id"])
     assert out.returncode == 0 and "cancelled" in out.stdout
     assert cli(server, "cancel", long["id"]).returncode == 1
+
+
+def _synthetic() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_synthetic", ROOT / "bench" / "synthetic.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_analysis_over_stored_trials_and_incremental_refresh(
+    client: TestClient, tmp_path: Path
+) -> None:
+    """Trials written straight into the study (no training): Pareto, optimum and trial pages
+    answer from them, and a new trial is seen by the next query (incremental refresh)."""
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+    from nas_service.spec import parse_spec
+
+    spec = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 40}
+    job = client.post("/v1/jobs", json=spec).json()
+    url = str(client.app.state.settings.database_url)  # type: ignore[attr-defined]
+    study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
+    synthetic = _synthetic().synthetic_trials  # type: ignore[attr-defined]
+    study.add_trials(
+        synthetic(parse_spec(SPEC | {"objectives": ["val_loss", "train_memory_bytes"]}), 300)
+    )
+    front = client.get(
+        f"/v1/jobs/{job['id']}/pareto", params={"metrics": "val_loss,train_memory_bytes"}
+    ).json()
+    assert front["n_candidates"] == 300 and front["front"]
+    fits = {f["variant"]: f for f in client.get(f"/v1/jobs/{job['id']}/optimum").json()["fits"]}
+    assert fits["baseline"]["verdict"] == "ok"
+    assert fits["baseline"]["optimum_ratio"] == pytest.approx(
+        40.0, rel=0.25
+    )  # the synthetic minimum
+    assert client.get(f"/v1/jobs/{job['id']}").json()["progress"]["completed"] == 300
+    study.add_trials(
+        synthetic(parse_spec(SPEC | {"objectives": ["val_loss", "train_memory_bytes"]}), 5, seed=9)
+    )
+    assert client.get(f"/v1/jobs/{job['id']}/trials", params={"limit": 1}).json()["total"] == 305
+    page = client.get(
+        f"/v1/jobs/{job['id']}/trials", params={"variant": "block_attnres", "state": "complete"}
+    ).json()
+    assert 0 < page["total"] < 305 and all(t["variant"] == "block_attnres" for t in page["items"])
+    scaling = client.get(
+        f"/v1/jobs/{job['id']}/scaling", params={"reference": "baseline", "loss": 2.0}
+    ).json()
+    assert scaling["problems"]  # one budget: no scaling fit, and it says so
+    assert (
+        client.get(
+            f"/v1/jobs/{job['id']}/plots/pareto.png",
+            params={"metrics": "val_loss,train_memory_bytes"},
+        ).content[:4]
+        == b"\x89PNG"
+    )
+    assert client.get(f"/v1/jobs/{job['id']}/plots/optimum.png").content[:4] == b"\x89PNG"

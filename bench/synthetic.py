@@ -1,0 +1,69 @@
+"""Synthetic trials for benchmarks and tests of the read path: a job whose study holds `n`
+finished trials with the attributes the runner writes (architecture, every cost metric,
+the training summary, a curve), without training anything. Losses follow a quadratic in
+ln(d_model/L_b) with a known minimum, plus noise."""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import optuna
+from optuna.distributions import CategoricalDistribution
+from optuna.trial import TrialState, create_trial
+
+from cost_model import ArchConfig, price
+from nas_service.search import residual_choices
+from nas_service.spec import JobSpec
+
+
+def synthetic_trials(
+    spec: JobSpec, n: int, optimum: float = 40.0, seed: int = 0
+) -> list[optuna.trial.FrozenTrial]:
+    rng = random.Random(seed)
+    residuals = residual_choices(spec)
+    depths = [1, 2, 3, 4, 6, 8, 12, 16]
+    widths = [64, 128, 192, 256, 384, 512]
+    dist = {
+        "residual": CategoricalDistribution(residuals),
+        "n_layers": CategoricalDistribution(depths),
+        "d_model": CategoricalDistribution(widths),
+    }
+    priced: dict[tuple[Any, ...], dict[str, float]] = {}
+    trials = []
+    for _ in range(n):
+        residual, n_layers, d_model = rng.choice(residuals), rng.choice(depths), rng.choice(widths)
+        variant = residual.split("/")[0]
+        block = int(residual.split("=")[1]) if "/S=" in residual else None
+        arch = ArchConfig(
+            n_layers=n_layers,
+            d_model=d_model,
+            n_heads=d_model // 64,
+            variant=variant,
+            block_size=block,
+        )
+        key = (residual, n_layers, d_model)
+        if key not in priced:
+            priced[key] = {k: float(v) for k, v in price(arch).metrics().items()}
+        costs = priced[key]
+        shift = 0.0 if variant == "baseline" else -0.02
+        loss = 2.0 + shift + 0.03 * (math.log(d_model / n_layers) - math.log(optimum)) ** 2
+        loss += rng.gauss(0, 0.005)
+        values = [loss if m == "val_loss" else costs[m] for m in spec.objectives]
+        trials.append(
+            create_trial(
+                state=TrialState.COMPLETE,
+                params={"residual": residual, "n_layers": n_layers, "d_model": d_model},
+                distributions=dist,
+                values=values,
+                user_attrs={
+                    "arch": arch.to_dict(),
+                    "costs": costs,
+                    "outcome": "completed",
+                    "train": [{"final_val_loss": loss, "flops_spent": 1e12, "tokens_seen": 1000}],
+                    "curve": [[10, 1000, 1e12, loss + 0.1], [20, 2000, 2e12, loss]],
+                },
+            )
+        )
+    return trials
