@@ -107,3 +107,12 @@ def test_scheduling_bench_runs(tmp_path: Path) -> None:
         str(out),
     )
     assert json.loads(out.read_text())["runs"][0]["ratio"] > 0
+
+
+@pytest.mark.postgres
+def test_service_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "svc.json"
+    run_bench("bench/service.py", "--trials", "200", "--calls", "3", "--json", str(out))
+    results = json.loads(out.read_text())["results"]
+    assert results["sqlite"]["latency_ms"]["pareto"]["p95"] > 0
+    assert results["postgresql"]["latency_ms"]["optimum"]["p95"] > 0

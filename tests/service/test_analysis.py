@@ -116,3 +116,33 @@ def test_plots_are_written(tmp_path: Path) -> None:
     )
     for name in ("p.png", "o.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scaling_by_variant_from_result_rows() -> None:
+    from nas_service.results import JobResults, TrialRow, scaling_by_variant
+
+    def row(number: int, variant: str, budget: float, loss: float) -> TrialRow:
+        return TrialRow(
+            number,
+            "complete",
+            "completed",
+            "",
+            {},
+            {"variant": variant},
+            {"val_loss": loss},
+            [loss],
+            [],
+            [],
+            False,
+            1.0,
+            budget,
+        )
+
+    rows = []
+    for i, c in enumerate([1e18, 1e19, 1e20]):
+        rows.append(row(2 * i, "baseline", c, 1.9 * (c / 1e18) ** -0.05))
+        rows.append(row(2 * i + 1, "block_attnres", c, 0.98 * 1.9 * (c / 1e18) ** -0.05))
+        rows.append(row(10 + i, "baseline", c, 5.0))  # a worse trial at the same budget is ignored
+    out = scaling_by_variant(JobResults("s", ["val_loss"], rows), reference="baseline", loss=1.7)
+    assert out["fits"]["baseline"]["alpha"] == pytest.approx(0.05, rel=1e-6)
+    assert out["multipliers"]["block_attnres"] == pytest.approx(0.98 ** (-1 / 0.05), rel=1e-6)

@@ -376,3 +376,13 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
         == b"\x89PNG"
     )
     assert client.get(f"/v1/jobs/{job['id']}/plots/optimum.png").content[:4] == b"\x89PNG"
+
+
+def test_concurrent_job_limit(tmp_path: Path) -> None:
+    app = create_app(
+        get_settings(database_url=f"sqlite:///{tmp_path / 'l.db'}", max_concurrent_jobs=1)
+    )
+    with TestClient(app) as c:
+        assert c.post("/v1/jobs", json=SPEC).status_code == 201
+        assert error(c.post("/v1/jobs", json=SPEC), 429)["field"] == "jobs"
+        assert c.get("/v1/jobs").json()["total"] == 1

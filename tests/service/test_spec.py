@@ -202,3 +202,22 @@ def test_yaml_loading(tmp_path: Path) -> None:
     listy.write_text("- 1\n- 2\n")
     with pytest.raises(SpecError, match="mapping"):
         load_spec(listy)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_spec_is_valid(path: Path) -> None:
+    spec = load_spec(path)
+    clusters = {"local": ClusterSettings(), spec.cluster: ClusterSettings()}
+    assert check_job(spec, get_settings(clusters=clusters))
+
+
+def test_several_budgets_become_a_searched_axis() -> None:
+    from nas_service.search import grid_space, price_candidate
+
+    spec = parse_spec(GOOD | {"budget": {"flops": [1e12, 4e12]}})
+    assert grid_space(spec)["budget"] == [1e12, 4e12]
+    params = {"residual": "baseline", "n_layers": 2, "d_model": 64, "budget": 4e12}
+    priced = price_candidate(spec, params)
+    assert priced.train_spec is not None and priced.train_spec.budget_flops == 4e12
+    with pytest.raises(SpecError, match="duplicate"):
+        parse_spec(GOOD | {"budget": {"flops": [1e12, 1e12]}})
