@@ -18,7 +18,7 @@ from typing import Any
 import optuna
 
 from cost_model import get_hardware, price
-from nas_service.spec import IntRange, JobSpec, axis_values, build_candidate
+from nas_service.spec import IntRange, JobSpec, axis_values, build_candidate, space_axes
 from workers.train import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
@@ -48,17 +48,11 @@ def split_residual(value: str) -> dict[str, Any]:
 
 
 def grid_space(spec: JobSpec) -> dict[str, list[Any]]:
-    space = spec.space
-    grid: dict[str, list[Any]] = {
-        "residual": residual_choices(spec),
-        "n_layers": axis_values(space.n_layers),
-    }
-    if space.d_model is not None:
-        grid["d_model"] = axis_values(space.d_model)
-    if space.aspect_ratio is not None:
-        grid["aspect_ratio"] = list(space.aspect_ratio)
-    if space.n_heads is not None:
-        grid["n_heads"] = axis_values(space.n_heads)
+    """The study's flat space: the space's axes with variant and block size folded into
+    `residual`, plus the budget when there are several."""
+    axes = space_axes(spec)
+    grid: dict[str, list[Any]] = {"residual": residual_choices(spec)}
+    grid |= {k: v for k, v in axes.items() if k not in ("variant", "block_size")}
     if len(spec.budget.values()) > 1:
         grid["budget"] = spec.budget.values()
     return grid
