@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -28,10 +29,27 @@ def health(request: Request) -> JSONResponse:
     runners = request.app.state.runners
     if runners:
         alive = {name: proc.poll() is None for name, proc in runners.items()}
-        body["runners"] = alive
+        body["runners"] = alive  # a live runner holds its Ray connection (it exits without)
         if not all(alive.values()):
             body["status"] = "degraded"
+    remote = {
+        name: _reachable(cluster.address)
+        for name, cluster in request.app.state.settings.clusters.items()
+        if cluster.address is not None
+    }
+    if remote:
+        body["ray"] = {name: "ok" if ok else "unreachable" for name, ok in remote.items()}
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+
+def _reachable(address: str, timeout: float = 1.0) -> bool:
+    """Whether a configured Ray head's GCS port accepts a TCP connection."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 @metrics_router.get("/metrics", response_class=PlainTextResponse)

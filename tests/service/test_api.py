@@ -386,3 +386,25 @@ def test_concurrent_job_limit(tmp_path: Path) -> None:
         assert c.post("/v1/jobs", json=SPEC).status_code == 201
         assert error(c.post("/v1/jobs", json=SPEC), 429)["field"] == "jobs"
         assert c.get("/v1/jobs").json()["total"] == 1
+
+
+def test_health_reports_configured_ray_clusters(tmp_path: Path) -> None:
+    from nas_service.settings import ClusterSettings
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        up = f"127.0.0.1:{listener.getsockname()[1]}"
+        down = f"127.0.0.1:{_free_port()}"
+        clusters = {
+            "local": ClusterSettings(),
+            "up": ClusterSettings(address=up),
+            "down": ClusterSettings(address=down),
+        }
+        app = create_app(
+            get_settings(database_url=f"sqlite:///{tmp_path / 'h.db'}", clusters=clusters)
+        )
+        with TestClient(app) as c:
+            body = c.get("/v1/health").json()
+    assert body["database"] == "ok"
+    assert body["ray"] == {"up": "ok", "down": "unreachable"}
