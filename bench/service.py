@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -31,27 +30,24 @@ import importlib.util
 import httpx
 import optuna
 import uvicorn
-from sqlalchemy import create_engine, text
 
 from nas_service.api.app import create_app
 from nas_service.jobs import optuna_storage
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
-
-def _load_synthetic() -> Any:
-    """bench/ is no package (and bench/cost_model.py would shadow the real one on sys.path)."""
-    path = Path(__file__).resolve().parent / "synthetic.py"
-    spec = importlib.util.spec_from_file_location("bench_synthetic", path)
+def _load_support() -> Any:
+    path = Path(__file__).resolve().parent / "support.py"
+    spec = importlib.util.spec_from_file_location("bench_support", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-synthetic_trials = _load_synthetic().synthetic_trials
+support = _load_support()
+synthetic_trials = support.synthetic_trials
 SPEC: dict[str, Any] = {
     "name": "bench",
     "space": {
@@ -150,19 +146,6 @@ def measure(url: str, trials: int, calls: int) -> dict[str, Any]:
     }
 
 
-def postgres() -> tuple[str, Any]:
-    name = f"ds_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)
@@ -171,7 +154,7 @@ def main() -> int:
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     results = {"sqlite": measure(f"sqlite:///{tempfile.mkdtemp()}/svc.db", args.trials, args.calls)}
-    url, drop = postgres()
+    url, drop = support.temp_postgres()
     try:
         results["postgresql"] = measure(url, args.trials, args.calls)
     finally:

@@ -16,10 +16,22 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+def _support() -> Any:
+    """bench/support.py, loaded by path (bench/ is no package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_support", Path(__file__).resolve().parent / "support.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
@@ -66,21 +78,6 @@ def measure(url: str, jobs: int, cycles: int) -> float:
     return jobs * cycles / wall
 
 
-def postgres_url() -> tuple[str, object]:
-    from sqlalchemy import create_engine, text
-
-    name = f"ds_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-
-    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=8)
@@ -93,11 +90,11 @@ def main() -> int:
         rates["sqlite"].append(
             measure(f"sqlite:///{tempfile.mkdtemp()}/s.db", args.jobs, args.cycles)
         )
-        url, drop = postgres_url()
+        url, drop = _support().temp_postgres()
         try:
             rates["postgresql"].append(measure(url, args.jobs, args.cycles))
         finally:
-            drop()  # type: ignore[operator]
+            drop()
     print(
         f"storage: {args.jobs} concurrent jobs × {args.cycles} ask+tell, median of {args.repeats}"
     )

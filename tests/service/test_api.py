@@ -319,9 +319,7 @@ def test_end_to_end_over_http_and_the_cli(server: str, tmp_path: Path) -> None:
 def _synthetic() -> object:
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "bench_synthetic", ROOT / "bench" / "synthetic.py"
-    )
+    spec = importlib.util.spec_from_file_location("bench_synthetic", ROOT / "bench" / "support.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,12 +1,19 @@
-"""Synthetic trials for benchmarks and tests of the read path: a job whose study holds `n`
-finished trials with the attributes the runner writes (architecture, every cost metric,
-the training summary, a curve), without training anything. Losses follow a quadratic in
-ln(d_model/L_b) with a known minimum, plus noise."""
+"""Helpers shared by the benchmarks (and the read-path tests): synthetic trials, and a
+throw-away PostgreSQL database.
+
+`synthetic_trials`: `n` finished trials with the attributes the runner writes
+(architecture, every cost metric, the training summary, a curve), without training
+anything; losses follow a quadratic in ln(d_model/L_b) with a known minimum, plus noise.
+
+bench/ is no package (and bench/cost_model.py would shadow the real one on sys.path), so the
+scripts load this file by its path."""
 
 from __future__ import annotations
 
 import math
 import random
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -67,3 +74,23 @@ def synthetic_trials(
             )
         )
     return trials
+
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def temp_postgres() -> tuple[str, Callable[[], None]]:
+    """A fresh database on the local PostgreSQL server: its URL and a function dropping it."""
+    from sqlalchemy import create_engine, text
+
+    name = f"ds_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}", drop
