@@ -172,8 +172,9 @@ def depth_mixing_activation_bytes(
       also keeps the normalised newest state, the projected query and the query after the
       key gain (3·e·d per sublayer, plus a 1/rms). Without key norms only the values are kept.
       With full recomputation only the values (the checkpoint inputs) stay.
-    - mHC-lite, per sublayer: the n·d stream state and its normalised copy, the sublayer output
-      for the H_post outer product, and per token the small coefficient tensors: the k raw
+    - mHC-lite, per sublayer: the n·d stream state (its normalisation is a per-token scalar
+      folded into the coefficient product, so no normalised copy is kept), the sublayer output
+      for the H_post outer product, and per token the small coefficient tensors: the k
       coefficients, H_pre, σ(post) and H_post (n each), the n! permutation weights, H_res (n²)
       and the 1/rms of the state: k + 3n + n! + n² + 1 values.
     - DenseFormer: every block output before its weighted average (e·d per block).
@@ -192,7 +193,7 @@ def depth_mixing_activation_bytes(
     if v == "mhc_lite":
         n = cfg.streams
         small = mhc_coefficient_count(n) + 3 * n + math.factorial(n) + n * n + 1
-        per_sublayer = e * (2 * n * d + d) + FP32 * small
+        per_sublayer = e * (n * d + d) + FP32 * small
         return per_sublayer * cfg.n_sublayers * sb
     if v == "denseformer":
         return e * d * cfg.n_layers * sb

@@ -80,7 +80,8 @@ def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
     as products; its weighted sum and the weight, key and value gradients are element-wise
     multiply-adds. With the input-dependent query only the d×d projections (3×) and the
     aggregation's static query are products. DenseFormer's weighted average is a product
-    forward and for the weight gradient. mHC-lite is all products except that its constant
+    forward and for the weight gradient. mHC-lite is all products except the outer products
+    H_post ⊗ f (forward) and H_pre ⊗ dh (backward), which are element-wise, and its constant
     permutation matrices get no gradient."""
     mixing = forward_flops_per_token(cfg).depth_mixing_flops
     d, sub = cfg.d_model, cfg.n_sublayers
@@ -94,7 +95,8 @@ def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
         return mixing, mixing
     if cfg.variant == "mhc_lite":
         perm_mix = 2 * math.factorial(cfg.streams) * cfg.streams**2 * sub
-        return mixing, 2 * mixing - perm_mix
+        outer = 2 * cfg.streams * d * sub
+        return mixing - outer, 2 * mixing - perm_mix - outer
     return 0, 0
 
 
@@ -455,3 +457,77 @@ def test_two_phase_is_differentiable_and_equals_sequential_gradients(block_size:
     assert seq.keys() == two.keys() == {k for k, _ in model.named_parameters()}
     for name in seq:
         torch.testing.assert_close(two[name], seq[name], rtol=1e-10, atol=1e-10)
+
+
+# -- mHC-lite against its definition ----------------------------------------------------------
+def mhc_reference(mixer: torch.nn.Module, emb: torch.Tensor, outs: list[torch.Tensor]) -> tuple:
+    """mHC-lite straight from its definition (arXiv 2601.05732) in plain autograd: every sublayer
+    input and the output, from fixed sublayer outputs."""
+    n = mixer.n
+    X = emb[:, :, None, :].expand(-1, -1, n, -1)
+    inputs = []
+    for l, f in enumerate(outs):
+        B, T, _, d = X.shape
+        c = rms_normalize(X.reshape(B, T, n * d)) @ mixer.proj[l]
+        g, b = mixer.gates[l], mixer.bias[l]
+        pre = torch.sigmoid(g[0] * c[..., :n] + b[:n])
+        post = 2 * torch.sigmoid(g[1] * c[..., n : 2 * n] + b[n : 2 * n])
+        weights = torch.softmax(g[2] * c[..., 2 * n :] + b[2 * n :], dim=-1)
+        H_res = torch.einsum("btp,pij->btij", weights, mixer.perm_mats.to(X.dtype))
+        inputs.append(torch.einsum("btn,btnd->btd", pre, X))
+        X = torch.einsum("btij,btjd->btid", H_res, X) + post[..., None] * f[:, :, None, :]
+    return inputs, X.sum(dim=2)
+
+
+def test_mhc_lite_equals_its_definition_with_gradients() -> None:
+    """The fused stream functions against the plain definition, fp64: every sublayer input,
+    the output, and the gradients of the embedding, the sublayer outputs and every parameter
+    (1e-10), with all parameters moved well off their initial values."""
+    model = build_model(make("mhc_lite", n_layers=4, d_model=32, n_heads=2)).double()
+    mixer = model.mixer
+    perturb(mixer, 0.5, seed=3)
+    gen = torch.Generator().manual_seed(0)
+    emb = torch.randn(2, 7, 32, dtype=torch.float64, generator=gen, requires_grad=True)
+    outs = [
+        torch.randn(2, 7, 32, dtype=torch.float64, generator=gen, requires_grad=True)
+        for _ in range(mixer.n_sublayers)
+    ]
+    wanted = [emb, *outs, *mixer.parameters()]
+
+    def through(inputs: list[torch.Tensor], out: torch.Tensor) -> list[torch.Tensor]:
+        probe = sum((h.sin() * (i + 1)).sum() for i, h in enumerate(inputs)) + out.square().sum()
+        return list(torch.autograd.grad(probe, wanted))
+
+    state = mixer.begin(emb)
+    ours = []
+    for l, f in enumerate(outs):
+        ours.append(mixer.input(state, l))
+        mixer.record(state, l, f)
+    ours_out = mixer.finish(state)
+    ref, ref_out = mhc_reference(mixer, emb, outs)
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(ours_out, ref_out, rtol=1e-12, atol=1e-12)
+    for a, b in zip(through(ours, ours_out), through(ref, ref_out), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_mhc_lite_initial_state_and_doubly_stochastic_mixing() -> None:
+    """At initialisation the first input is the embedding (H_pre = 1/n on n copies) and
+    H_post = 1; for any parameters H_res is doubly stochastic and H_post lies in [0, 2]."""
+    model = build_model(make("mhc_lite"))
+    mixer = model.mixer
+    emb = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0))
+    state = mixer.begin(emb)
+    torch.testing.assert_close(mixer.input(state, 0), emb, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(state["H_post"], torch.ones(2, 5, mixer.n))
+    perturb(mixer, 2.0, seed=1)
+    state = mixer.begin(emb)
+    for l in range(mixer.n_sublayers):
+        mixer.input(state, l)
+        H = state["H_res"]
+        torch.testing.assert_close(H.sum(-1), torch.ones(2, 5, mixer.n))
+        torch.testing.assert_close(H.sum(-2), torch.ones(2, 5, mixer.n))
+        post = state["H_post"]
+        assert bool((H >= 0).all()) and bool(((post >= 0) & (post <= 2)).all())
+        mixer.record(state, l, torch.randn(2, 5, 64))

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from cost_model import ArchConfig
+from workers.model import streams
 from workers.model.depth_attention import (
     block_phase1,
     depth_attend,
@@ -273,21 +274,23 @@ class MHCLite(DepthMixer):
         return {"X": emb[:, :, None, :].repeat(1, 1, self.n, 1)}  # (B, T, n, d)
 
     def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
-        X = state["X"]
-        B, T, n, d = X.shape
-        c = rms_normalize(X.reshape(B, T, n * d)) @ self.proj[l]  # (B, T, k)
-        g, b = self.gates[l], self.bias[l]
-        pre = torch.sigmoid(g[0] * c[..., :n] + b[:n])  # (B, T, n)
-        post = 2 * torch.sigmoid(g[1] * c[..., n : 2 * n] + b[n : 2 * n])
-        mix = torch.softmax(g[2] * c[..., 2 * n :] + b[2 * n :], dim=-1)  # (B, T, n!)
-        state["H_res"] = (mix @ self.perm_mats.reshape(-1, n * n).to(mix.dtype)).view(B, T, n, n)
-        state["H_post"] = post
-        return torch.einsum("btn,btnd->btd", pre, X)
+        # The update after sublayer l−1 and the coefficients of sublayer l are one function
+        # (`streams.transition`): see workers/model/streams.py for why.
+        params = (self.proj[l], self.gates[l], self.bias[l], self.perm_mats)
+        if l == 0:
+            h, state["H_res"], state["H_post"] = streams.enter(state["X"], *params)
+        else:
+            X, H, post, f = state["X"], state["H_res"], state["H_post"], state.pop("f")
+            state["X"], h, state["H_res"], state["H_post"] = streams.transition(
+                X, H, post, f, *params
+            )
+        return h
 
     def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
-        X = state["X"]
-        mixed = torch.einsum("btij,btjd->btid", state["H_res"], X)
-        state["X"] = mixed + state["H_post"][..., None] @ out[..., None, :]  # (B, T, n, d)
+        if l + 1 < self.n_sublayers:
+            state["f"] = out  # applied by the next `input`, fused with its coefficients
+        else:
+            state["X"] = streams.update(state["X"], state["H_res"], state["H_post"], out)
 
     def finish(self, state: dict[str, Any]) -> torch.Tensor:
         return state["X"].sum(dim=2)
