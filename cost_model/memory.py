@@ -166,12 +166,13 @@ def depth_mixing_activation_bytes(
     """Bytes the residual wiring saves for backward, beyond what a standard residual saves.
 
     - AttnRes: every distinct source (L + 1: the embedding and L sublayer outputs for Full; the
-      embedding and the L running block sums b_n^i for Block) is kept, with its RMS-normalised
-      key (e bytes each, plus its fp32 1/rms), and for every attended source of every
-      sublayer and of the aggregation its fp32 logit and weight. The input-dependent query
-      also keeps the normalised newest state, the projected query and the query after the
-      key gain (3·e·d per sublayer, plus a 1/rms). Without key norms only the values are kept.
-      With full recomputation only the values (the checkpoint inputs) stay.
+      embedding and the L running block sums b_n^i for Block) is kept with its fp32 key scale
+      1/rms (the key is the source times that scale and is never stored), and for every
+      attended source of every sublayer and of the aggregation its fp32 logit and weight.
+      The input-dependent query also keeps the normalised newest state, the projected query
+      and the query after the key gain (3·e·d per sublayer, plus a 1/rms). Without key norms
+      only the values are kept. With full recomputation only the values (the checkpoint
+      inputs) stay.
     - mHC-lite, per sublayer: the n·d stream state (its normalisation is a per-token scalar
       folded into the coefficient product, so no normalised copy is kept), the sublayer output
       for the H_post outer product, and per token the small coefficient tensors: the k
@@ -186,7 +187,7 @@ def depth_mixing_activation_bytes(
         n_values = cfg.n_sublayers + 1
         if recompute == "full":
             return e * n_values * d * sb
-        keys = 0 if v == "attnres_no_key_norm" else n_values * (e * d + FP32)
+        keys = 0 if v == "attnres_no_key_norm" else n_values * FP32
         weights = 2 * FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
         query = (3 * e * d + FP32) * cfg.n_sublayers if v == "attnres_input_query" else 0
         return (e * n_values * d + keys + weights + query) * sb

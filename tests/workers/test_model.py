@@ -19,9 +19,10 @@ from cost_model import (
     param_count,
     training_memory,
 )
+from cost_model.depth import aggregation_sources, attended_sources_total
 from workers.model import BlockAttnRes, FullAttnRes, build_model, depth_attend, rms_normalize
 from workers.model import layers as layers_module
-from workers.model.depth_attention import rms_key
+from workers.model.depth_attention import rms_scale
 
 SHAPES = [
     {},
@@ -76,10 +77,11 @@ def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
     """The depth-mixing FLOPs per token a FLOP counter sees, (forward, backward).
 
     The counter counts matrix products only. Depth attention with a pseudo-query computes its
-    logits (half of the analytic 4·d·Σk) and, backward, the query gradient (the same again)
-    as products; its weighted sum and the weight, key and value gradients are element-wise
-    multiply-adds. With the input-dependent query only the d×d projections (3×) and the
-    aggregation's static query are products. DenseFormer's weighted average is a product
+    logits (half of the analytic 4·d·Σk) as products and, backward, the query gradient and the
+    per-token dot products of the weight gradients (the same again each); its weighted sum and
+    the value gradients are element-wise multiply-adds. With the input-dependent query the
+    d×d projections (3×), the aggregation's static query and, backward, the weight gradients'
+    dot products are products. DenseFormer's weighted average is a product
     forward and for the weight gradient. mHC-lite is all products except the outer products
     H_post ⊗ f (forward) and H_pre ⊗ dh (backward), which are element-wise, and its constant
     permutation matrices get no gradient."""
@@ -88,9 +90,10 @@ def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
     if cfg.variant == "attnres_input_query":
         proj = 2 * d * d * sub
         agg = 2 * d * (sub + 1)
-        return proj + agg, 2 * proj + agg
+        dots = 2 * d * (attended_sources_total(cfg) + aggregation_sources(cfg))
+        return proj + agg, 2 * proj + agg + dots
     if cfg.variant in ATTNRES_VARIANTS:
-        return mixing / 2, mixing / 2
+        return mixing / 2, mixing
     if cfg.variant == "denseformer":
         return mixing, mixing
     if cfg.variant == "mhc_lite":
@@ -260,7 +263,7 @@ def test_hand_check_weight_098201() -> None:
     v1 = torch.tensor([0, 1.0, 0, 0]).view(1, 1, 4)
     torch.testing.assert_close(rms_normalize(v0), torch.tensor([2.0, 0, 0, 0]).view(1, 1, 4))
     w = torch.tensor([2.0, 0, 0, 0])
-    h = depth_attend(w, [v0, v1], [rms_key(v0), rms_key(v1)])
+    h = depth_attend(w, [v0, v1], [rms_scale(v0), rms_scale(v1)])
     assert h[0, 0, 0].item() == pytest.approx(0.98201, abs=5e-6)
     assert h[0, 0, 1].item() == pytest.approx(1 - 0.98201, abs=5e-6)
     # and through a Full AttnRes mixer with that pseudo-query on sublayer 1

@@ -1,17 +1,22 @@
 """Attention over depth: h = Σ_i α_i · v_i with α = softmax_i(qᵀk_i) (or a sigmoid), per token.
 
+The key of a source is its parameter-free RMS normalisation k_i = r_i·v_i, r_i = 1/rms(v_i) (a
+learned key gain is folded into the query by the caller). Because r_i is a per-token scalar,
+qᵀk_i = r_i·(qᵀv_i): the normalised copy is never materialised, only r_i is kept (`rms_scale`).
+
 `depth_attend` is a custom autograd function so that the backward pass keeps only the sources
-themselves (shared by every sublayer that attends to them) and the weights — O(L·d) saved
-memory for Full AttnRes instead of the O(L²·d) a stack per sublayer would save. It works
-source by source and never stacks the sources: one (B·T, d) × (d, 1) product per source for
-the logits, a fused multiply-add per source for the weighted sum (stacking k sources into one
-tensor costs more than the arithmetic on a CPU).
+themselves (shared by every sublayer that attends to them), their scales and the weights —
+O(L·d) saved memory for Full AttnRes instead of the O(L²·d) a stack per sublayer would save. It
+works source by source and never stacks the sources: one (B·T, d) × (d, 1) product per source
+for the logits, a fused multiply-add per source for the weighted sum (stacking k sources into
+one tensor costs more than the arithmetic on a CPU).
 
 FLOP counting (what `torch.utils.flop_counter` sees): with a pseudo-query (d,), the logits
 (2·k·d per token) in the forward and the query gradient (2·k·d) in the backward are matrix
-products; the weighted sum, the weight gradients and the per-source key and value gradients
-are element-wise multiply-adds, which a FLOP counter does not count. With an input-dependent
-query (B, T, d) every term is element-wise.
+products; so are the per-token dot products vᵢᵀg of the weight gradients (batched 1×d by d×1
+products, 2·k·d); the weighted sum and the per-source value gradients are element-wise
+multiply-adds, which a FLOP counter does not count. With an input-dependent query (B, T, d)
+the logits and the query gradient are element-wise too.
 """
 
 from __future__ import annotations
@@ -25,12 +30,30 @@ from workers.model import layers
 from workers.model.layers import upcast
 
 
-def _logit(query: torch.Tensor, key: torch.Tensor) -> torch.Tensor:
-    """qᵀk per token, fp32 (or fp64): key (B, T, d), query (d,) or (B, T, d) → (B, T)."""
-    k = upcast(key)
+def rms_scale(v: torch.Tensor) -> torch.Tensor:
+    """The key scale r = 1/rms(v) of a source (B, T, d) → (B, T), fp32 (or fp64), outside
+    autograd: `depth_attend` differentiates the normalisation itself."""
+    with torch.no_grad():
+        dtype = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
+        norm = torch.linalg.vector_norm(v, dim=-1, dtype=dtype)
+        return norm.square_().div_(v.shape[-1]).add_(layers.NORM_EPS).rsqrt_()
+
+
+def _logit(query: torch.Tensor, value: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """qᵀk per token with k = scale·v, fp32 (or fp64): value (B, T, d), query (d,) or
+    (B, T, d) → (B, T)."""
+    v = upcast(value)
     if query.dim() == 1:
-        return (k.reshape(-1, k.shape[-1]) @ upcast(query)[:, None]).view(k.shape[:-1])
-    return (k * upcast(query)).sum(-1)
+        logit = (v.reshape(-1, v.shape[-1]) @ upcast(query)[:, None]).view(v.shape[:-1])
+    else:
+        logit = torch.linalg.vecdot(v, upcast(query))
+    return logit if scale is None else logit.mul_(scale)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-token aᵀb of two (B, T, d) tensors → (B, T), as a batched product."""
+    d = a.shape[-1]
+    return torch.bmm(a.reshape(-1, 1, d), b.reshape(-1, d, 1)).view(a.shape[:-1])
 
 
 def _weights(logits: torch.Tensor, gate: str) -> torch.Tensor:
@@ -51,32 +74,30 @@ def _weighted_sum(weights: torch.Tensor, values: tuple[torch.Tensor, ...]) -> to
 
 
 class _DepthAttention(torch.autograd.Function):
-    """Inputs: query, gate, n, then n values, n keys and n key scales (1/rms, or None-free
-    when the keys are the raw values: `scales` empty). Gradients flow to the query and the
-    values only; the keys' normalisation is differentiated here, in closed form."""
+    """Inputs: query, gate, n, then n values and n key scales (no scales: the raw values are
+    the keys). Gradients flow to the query and the values; the keys' normalisation is
+    differentiated here, in closed form."""
 
     @staticmethod
     def forward(
         ctx: Any, query: torch.Tensor, gate: str, n: int, *tensors: torch.Tensor
     ) -> torch.Tensor:
-        values, keys, scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-        keys = keys or values
-        logits = torch.stack([_logit(query, k) for k in keys])  # (k, B, T) fp32
+        values, scales = tensors[:n], tensors[n:]
+        logits = torch.stack(
+            [_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
+        )  # (k, B, T) fp32
         weights = _weights(logits, gate)
-        ctx.gate, ctx.n, ctx.normed = gate, n, bool(scales)
-        normed = (*keys, *scales) if scales else ()
-        ctx.save_for_backward(query, weights, logits, *values, *normed)
+        ctx.gate, ctx.n = gate, n
+        ctx.save_for_backward(query, weights, logits, *values, *scales)
         return _weighted_sum(weights, values)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         query, weights, logits, *rest = ctx.saved_tensors
         n = ctx.n
-        values = rest[:n]
-        keys = rest[n : 2 * n] if ctx.normed else values
-        scales = rest[2 * n :] if ctx.normed else None
+        values, scales = rest[:n], rest[n:]
         g = upcast(grad)
-        d_weights = torch.stack([torch.linalg.vecdot(upcast(v), g) for v in values])  # (k, B, T)
+        d_weights = torch.stack([_dot(upcast(v), g) for v in values])  # (k, B, T)
         if ctx.gate == "softmax":
             d_logits = weights * (d_weights - (weights * d_weights).sum(0, keepdim=True))
         else:
@@ -86,61 +107,45 @@ class _DepthAttention(torch.autograd.Function):
         d_query = None
         d_values = []
         for i in range(n):
-            dl = d_logits[i]  # (B, T)
-            key = upcast(keys[i])
+            v = upcast(values[i])
+            d = v.shape[-1]
+            # logit s_i = r_i·(qᵀv_i): dq += dl_i·r_i·v_i; and with r_i = (mean(v_i²) + ε)^(-1/2),
+            # dv_i = α_i·g + r_i·dl_i·q − (r_i·dl_i)·(s_i·r_i/d)·v_i
+            dl = d_logits[i] if not scales else d_logits[i] * upcast(scales[i])  # (B, T)
             if static:
-                term = (dl.reshape(1, -1) @ key.reshape(-1, key.shape[-1])).reshape(-1)  # (d,)
+                term = (dl.reshape(1, -1) @ v.reshape(-1, d)).reshape(-1)  # (d,)
             else:
-                term = dl[..., None] * key
+                term = dl[..., None] * v
             d_query = term if d_query is None else d_query + term
-            # value path: α_i·g; key path: k_i = v_i·r_i (parameter-free RMS norm), so
-            # dL/dv_i = r_i·dl_i·(q − k_i·(qᵀk_i)/d), with qᵀk_i the logit.
             dv = g * weights[i, ..., None]
-            if scales is None:
-                dv.addcmul_(q, dl[..., None])
-            else:
-                coef = upcast(scales[i]) * dl[..., None]  # (B, T, 1)
-                dv.addcmul_(q, coef)
-                dv.addcmul_(key, -coef * (logits[i][..., None] / key.shape[-1]))
+            dv.addcmul_(q, dl[..., None])
+            if scales:
+                dv.addcmul_(v, dl[..., None] * (logits[i] * upcast(scales[i]) / -d)[..., None])
             d_values.append(dv.to(values[i].dtype))
         assert d_query is not None
-        scale_grads = [None] * (2 * n) if scales is not None else []
-        return (d_query.to(query.dtype), None, None, *d_values, *scale_grads)
-
-
-def rms_key(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The parameter-free RMS-normalised key of a source and its scale 1/rms (B, T, 1), both
-    outside autograd: `depth_attend` differentiates the normalisation itself."""
-    with torch.no_grad():
-        vf = upcast(v)
-        scale = torch.rsqrt(vf.pow(2).mean(-1, keepdim=True) + layers.NORM_EPS)
-        return (vf * scale).to(v.dtype), scale
+        return (d_query.to(query.dtype), None, None, *d_values, *([None] * len(scales)))
 
 
 def depth_attend(
     query: torch.Tensor,
     values: list[torch.Tensor],
-    keys: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    scales: list[torch.Tensor] | None = None,
     gate: str = "softmax",
 ) -> torch.Tensor:
-    """Σ_i α_i·v_i with α = gate(query·k_i) over the sources (softmax over depth).
+    """Σ_i α_i·v_i with α = gate(qᵀk_i) over the sources (softmax over depth).
 
     query: (d,) (a pseudo-query) or (B, T, d) (input-dependent); values: list of (B, T, d);
-    keys: per value its `rms_key` (normalised key, scale), or None when the raw values are
-    the keys (no key norm)."""
-    if not values or (keys is not None and len(keys) != len(values)):
-        raise ValueError("depth_attend needs one key per value, at least one")
+    scales: per value its `rms_scale` (the key is the RMS-normalised value), or None when the
+    raw values are the keys (no key norm)."""
+    if not values or (scales is not None and len(scales) != len(values)):
+        raise ValueError("depth_attend needs one key scale per value, at least one")
     n = len(values)
     if not torch.is_grad_enabled():  # inference: the same arithmetic without autograd
         logits = torch.stack(
-            [_logit(query, k) for k, _ in keys] if keys else [_logit(query, v) for v in values]
+            [_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
         )
         return _weighted_sum(_weights(logits, gate), tuple(values))
-    if keys is None:
-        return _DepthAttention.apply(query, gate, n, *values)
-    return _DepthAttention.apply(
-        query, gate, n, *values, *(k for k, _ in keys), *(s for _, s in keys)
-    )
+    return _DepthAttention.apply(query, gate, n, *values, *(scales or ()))
 
 
 class _WeightedSum(torch.autograd.Function):
@@ -168,47 +173,53 @@ def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Ten
 
 
 def _phase1(
-    queries: torch.Tensor, values: tuple[torch.Tensor, ...], keys: tuple[torch.Tensor, ...]
-) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """The Phase-1 arithmetic: weights (k, B·T, S), and per query h¹ (B, T, d), lse¹ (B, T).
-    One output per query (no stacked output: selecting from one would zero-fill it whole
-    for every query's gradient)."""
+    queries: torch.Tensor, values: tuple[torch.Tensor, ...], scales: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The Phase-1 arithmetic: logits and weights (k, B·T, S), and per query h¹ (B, T, d) and
+    lse¹ (B, T). One output per query (no stacked output: selecting from one would zero-fill it
+    whole for every query's gradient)."""
     n = len(values)
     B, T, d = values[0].shape
     S = queries.shape[0]
     q = upcast(queries)
-    logits = torch.stack([upcast(k).reshape(-1, d) @ q.T for k in keys])  # (k, BT, S)
+    logits = torch.stack(
+        [
+            (upcast(v).reshape(-1, d) @ q.T).mul_(r.reshape(-1, 1))
+            for v, r in zip(values, scales, strict=True)
+        ]
+    )  # (k, BT, S)
     lse = torch.logsumexp(logits, dim=0)  # (BT, S)
     weights = torch.exp(logits - lse)  # (k, BT, S)
     V = torch.stack(values, dim=2).reshape(B * T, n, d)  # (BT, k, d), transient
     h1 = torch.bmm(weights.permute(1, 2, 0).to(V.dtype), V).view(B, T, S, d)
     lse = lse.view(B, T, S)
-    return weights, [h1[:, :, i] for i in range(S)], [lse[..., i] for i in range(S)]
+    return logits, weights, [h1[:, :, i] for i in range(S)], [lse[..., i] for i in range(S)]
 
 
 class _BlockPhase1(torch.autograd.Function):
     """Phase 1 of Block AttnRes, differentiable: the S pseudo-queries of a block attend to its
     k finished sources in one batched pass. Returns, per query, the normalised partial result
-    h¹ (S, B, T, d) and its log-sum-exp (S, B, T); saves the shared sources and the weights."""
+    h¹ (S, B, T, d) and its log-sum-exp (S, B, T); saves the shared sources, their key scales,
+    the logits and the weights."""
 
     @staticmethod
     def forward(ctx: Any, queries: torch.Tensor, n: int, *tensors: torch.Tensor) -> Any:
-        values, keys, scales = tensors[:n], tensors[n : 2 * n], tensors[2 * n :]
-        weights, h1, lse = _phase1(queries, values, keys)
+        values, scales = tensors[:n], tensors[n:]
+        logits, weights, h1, lse = _phase1(queries, values, scales)
         B, T, d = values[0].shape
         ctx.n, ctx.shape = n, (B, T, d)
-        ctx.save_for_backward(queries, weights, *values, *keys, *scales)
+        ctx.save_for_backward(queries, logits, weights, *values, *scales)
         return (*h1, *lse)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> Any:
-        queries, weights, *rest = ctx.saved_tensors
+        queries, logits, weights, *rest = ctx.saved_tensors
         n, (B, T, d) = ctx.n, ctx.shape
-        values, keys, scales = rest[:n], rest[n : 2 * n], rest[2 * n :]
+        values, scales = rest[:n], rest[n:]
         S = queries.shape[0]
         ref = upcast(values[0])
-        g = torch.zeros(B, T, S, d, dtype=ref.dtype)
-        dl = torch.zeros(B, T, S, dtype=weights.dtype)
+        g = torch.zeros(B, T, S, d, dtype=ref.dtype, device=ref.device)
+        dl = torch.zeros(B, T, S, dtype=weights.dtype, device=ref.device)
         for i in range(S):
             if grads[i] is not None:
                 g[:, :, i] = grads[i]
@@ -222,30 +233,30 @@ class _BlockPhase1(torch.autograd.Function):
         d_logits = weights * (d_w - (weights * d_w).sum(0, keepdim=True) + dl)  # (k, BT, S)
         q = upcast(queries)
         d_q = torch.zeros_like(q)
-        grads = []
+        out = []
         for j in range(n):
-            key = upcast(keys[j]).reshape(-1, d)
-            d_q += d_logits[j].T @ key  # (S, d)
-            d_key = d_logits[j] @ q  # (BT, d)
-            # through the parameter-free RMS norm k = v·r: dv = r·(dk − k·mean(dk ⊙ k))
+            v = upcast(values[j]).reshape(-1, d)
             r = upcast(scales[j]).reshape(-1, 1)
-            d_key.sub_(key * (d_key * key).mean(-1, keepdim=True)).mul_(r)
-            d_key.add_(d_v[:, j])
-            grads.append(d_key.reshape(B, T, d).to(values[j].dtype))
-        return (d_q.to(queries.dtype), None, *grads, *([None] * (2 * n)))
+            # logit s_js = r_j·(q_sᵀv_j), r_j = (mean(v_j²) + ε)^(-1/2):
+            # dq_s += Σ dl_js·r_j·v_j;  dv_j = r_j·Σ_s dl_js·q_s − (r_j²/d)·(Σ_s dl_js·s_js)·v_j
+            dl_r = d_logits[j] * r  # (BT, S)
+            d_q += dl_r.T @ v  # (S, d)
+            d_v_j = torch.addmm(d_v[:, j], dl_r, q)
+            coef = (d_logits[j] * logits[j]).sum(-1, keepdim=True).mul_(r.square()).div_(-d)
+            d_v_j.addcmul_(v, coef)
+            out.append(d_v_j.reshape(B, T, d).to(values[j].dtype))
+        return (d_q.to(queries.dtype), None, *out, *([None] * n))
 
 
 def block_phase1(
-    queries: torch.Tensor, values: list[torch.Tensor], keys: list[tuple[torch.Tensor, torch.Tensor]]
+    queries: torch.Tensor, values: list[torch.Tensor], scales: list[torch.Tensor]
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Per query of S (S, d) over the finished sources with their `rms_key`s: the lists of
+    """Per query of S (S, d) over the finished sources with their `rms_scale`s: the lists of
     h¹ (B, T, d) and of lse¹ (B, T)."""
     if not torch.is_grad_enabled():
-        _, h1, lse = _phase1(queries, tuple(values), tuple(k for k, _ in keys))
+        _, _, h1, lse = _phase1(queries, tuple(values), tuple(scales))
         return h1, lse
-    out = _BlockPhase1.apply(
-        queries, len(values), *values, *(k for k, _ in keys), *(s for _, s in keys)
-    )
+    out = _BlockPhase1.apply(queries, len(values), *values, *scales)
     S = queries.shape[0]
     return list(out[:S]), list(out[S:])
 

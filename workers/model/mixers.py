@@ -27,13 +27,13 @@ from workers.model.depth_attention import (
     block_phase1,
     depth_attend,
     merge_partial,
-    rms_key,
+    rms_scale,
     weighted_sum,
 )
 from workers.model.layers import rms_normalize
 
 Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
-Key = tuple[torch.Tensor, torch.Tensor] | None  # a source's (normalised key, 1/rms)
+Key = torch.Tensor | None  # a source's key scale 1/rms (B, T); None: the raw value is the key
 
 
 class DepthMixer(nn.Module, ABC):
@@ -120,8 +120,9 @@ class _AttnResBase(DepthMixer):
         )
 
     def key(self, v: torch.Tensor) -> Key:
-        """The source's normalised key and 1/rms (None when the raw sources are the keys)."""
-        return rms_key(v) if self.key_norm else None
+        """The source's key scale 1/rms (None when the raw sources are the keys): the key
+        r·v is never materialised (see `depth_attention`)."""
+        return rms_scale(v) if self.key_norm else None
 
     def query(self, l: int, newest: torch.Tensor | None = None) -> torch.Tensor:
         q = self.queries[l]
@@ -132,7 +133,7 @@ class _AttnResBase(DepthMixer):
             q = q * self.key_gains[l]
         return q
 
-    def _keys(self, keys: list[Key]) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    def _keys(self, keys: list[Key]) -> list[torch.Tensor] | None:
         return keys if self.key_norm else None  # type: ignore[return-value]
 
     def aggregate(self, values: list[torch.Tensor], keys: list[Key]) -> torch.Tensor:
@@ -225,7 +226,7 @@ class BlockAttnRes(_AttnResBase):
         training as well as prefill and decoding. Softmax with static queries only."""
         if self.input_proj is not None or self.gate != "softmax":
             raise ValueError("schedule: two_phase needs static pseudo-queries and a softmax")
-        values, keys = [emb], [rms_key(emb)]
+        values, keys = [emb], [rms_scale(emb)]
         all_queries = self.queries if self.key_gains is None else self.queries * self.key_gains
         for block in self.blocks():
             queries = all_queries[block.start : block.stop]  # (S, d)
@@ -239,7 +240,7 @@ class BlockAttnRes(_AttnResBase):
                 partial = out if partial is None else partial + out
             assert partial is not None
             values.append(partial)
-            keys.append(rms_key(partial))
+            keys.append(rms_scale(partial))
         return self.aggregate(values, keys)
 
 
