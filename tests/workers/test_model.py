@@ -534,3 +534,32 @@ def test_mhc_lite_initial_state_and_doubly_stochastic_mixing() -> None:
         post = state["H_post"]
         assert bool((H >= 0).all()) and bool(((post >= 0) & (post <= 2)).all())
         mixer.record(state, l, torch.randn(2, 5, 64))
+
+
+@pytest.mark.parametrize(
+    "variant", ["full_attnres", "attnres_input_query", "attnres_sigmoid", "attnres_no_key_norm"]
+)
+@pytest.mark.parametrize("n_sources", [1, 2, 5])
+def test_inference_paths_of_depth_attention_agree(
+    variant: str, n_sources: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two no-grad paths of `depth_attend` (per source, and stacked for decoding-sized
+    inputs) and the autograd path give the same result (fp64, 1e-12)."""
+    from workers.model import depth_attention
+
+    gen = torch.Generator().manual_seed(n_sources)
+    values = [torch.randn(2, 3, 16, dtype=torch.float64, generator=gen) for _ in range(n_sources)]
+    dynamic = variant == "attnres_input_query"
+    shape = (2, 3, 16) if dynamic else (16,)
+    query = torch.randn(*shape, dtype=torch.float64, generator=gen)
+    scales = None if variant == "attnres_no_key_norm" else [rms_scale(v) for v in values]
+    gate = "sigmoid" if variant == "attnres_sigmoid" else "softmax"
+    with torch.enable_grad():
+        reference = depth_attend(query.requires_grad_(), values, scales, gate).detach()
+    results = []
+    for limit in (0, 1 << 30):
+        monkeypatch.setattr(depth_attention, "STACK_LIMIT", limit)
+        with torch.no_grad():
+            results.append(depth_attend(query, values, scales, gate))
+    for result in results:
+        torch.testing.assert_close(result, reference, rtol=1e-12, atol=1e-12)

@@ -141,11 +141,32 @@ def depth_attend(
         raise ValueError("depth_attend needs one key scale per value, at least one")
     n = len(values)
     if not torch.is_grad_enabled():  # inference: the same arithmetic without autograd
+        if values[0].numel() * n <= STACK_LIMIT:
+            return _attend_stacked(query, values, scales, gate)
         logits = torch.stack(
             [_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
         )
         return _weighted_sum(_weights(logits, gate), tuple(values))
     return _DepthAttention.apply(query, gate, n, *values, *(scales or ()))
+
+
+#: Below this many source elements (a decoding step: a few tokens) the inference path stacks
+#: the sources and runs a handful of batched operations instead of a few per source: there
+#: the cost is the number of operations, not the bytes. Above it, stacking copies every
+#: source once more than the arithmetic reads it, so the per-source path is faster.
+STACK_LIMIT = 1 << 16
+
+
+def _attend_stacked(
+    query: torch.Tensor, values: list[torch.Tensor], scales: list[torch.Tensor] | None, gate: str
+) -> torch.Tensor:
+    V = upcast(torch.stack(values, dim=-2))  # (B, T, k, d)
+    q = upcast(query)
+    logits = V @ q if q.dim() == 1 else (V @ q[..., None]).squeeze(-1)  # (B, T, k)
+    if scales:
+        logits = logits * torch.stack(scales, dim=-1)
+    weights = logits.softmax(dim=-1) if gate == "softmax" else _weights(logits, gate)
+    return (weights[..., None, :] @ V).squeeze(-2).to(values[0].dtype)
 
 
 class _WeightedSum(torch.autograd.Function):
@@ -174,26 +195,22 @@ def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Ten
 
 def _phase1(
     queries: torch.Tensor, values: tuple[torch.Tensor, ...], scales: tuple[torch.Tensor, ...]
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-    """The Phase-1 arithmetic: logits and weights (k, B·T, S), and per query h¹ (B, T, d) and
-    lse¹ (B, T). One output per query (no stacked output: selecting from one would zero-fill it
-    whole for every query's gradient)."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """The Phase-1 arithmetic over the k finished sources stacked once, V (B·T, k, d): logits
+    and weights (B·T, k, S), and per query h¹ (B, T, d) and lse¹ (B, T). One output per query
+    (no stacked output: selecting from one would zero-fill it whole for every query's
+    gradient)."""
     n = len(values)
     B, T, d = values[0].shape
     S = queries.shape[0]
-    q = upcast(queries)
-    logits = torch.stack(
-        [
-            (upcast(v).reshape(-1, d) @ q.T).mul_(r.reshape(-1, 1))
-            for v, r in zip(values, scales, strict=True)
-        ]
-    )  # (k, BT, S)
-    lse = torch.logsumexp(logits, dim=0)  # (BT, S)
-    weights = torch.exp(logits - lse)  # (k, BT, S)
-    V = torch.stack(values, dim=2).reshape(B * T, n, d)  # (BT, k, d), transient
-    h1 = torch.bmm(weights.permute(1, 2, 0).to(V.dtype), V).view(B, T, S, d)
+    V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
+    R = torch.stack(scales, dim=-1).reshape(B * T, n, 1)
+    logits = torch.matmul(V, upcast(queries).T).mul_(R)  # (BT, k, S)
+    lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (BT, 1, S)
+    weights = torch.exp(logits - lse)
+    h1 = torch.bmm(weights.transpose(1, 2), V).view(B, T, S, d)
     lse = lse.view(B, T, S)
-    return logits, weights, [h1[:, :, i] for i in range(S)], [lse[..., i] for i in range(S)]
+    return V, logits, weights, [h1[:, :, i] for i in range(S)], [lse[..., i] for i in range(S)]
 
 
 class _BlockPhase1(torch.autograd.Function):
@@ -205,7 +222,7 @@ class _BlockPhase1(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, queries: torch.Tensor, n: int, *tensors: torch.Tensor) -> Any:
         values, scales = tensors[:n], tensors[n:]
-        logits, weights, h1, lse = _phase1(queries, values, scales)
+        _, logits, weights, h1, lse = _phase1(queries, values, scales)
         B, T, d = values[0].shape
         ctx.n, ctx.shape = n, (B, T, d)
         ctx.save_for_backward(queries, logits, weights, *values, *scales)
@@ -226,23 +243,24 @@ class _BlockPhase1(torch.autograd.Function):
             if grads[S + i] is not None:
                 dl[..., i] = grads[S + i]
         g = g.view(B * T, S, d)
-        dl = dl.view(B * T, S)
+        dl = dl.view(B * T, 1, S)
         V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
-        d_w = torch.bmm(g, V.transpose(1, 2)).permute(2, 0, 1)  # (k, BT, S)
-        d_v = torch.bmm(weights.permute(1, 0, 2).to(g.dtype), g)  # (BT, k, d)
-        d_logits = weights * (d_w - (weights * d_w).sum(0, keepdim=True) + dl)  # (k, BT, S)
+        d_w = torch.bmm(V, g.transpose(1, 2))  # (BT, k, S)
+        d_v = torch.bmm(weights.to(g.dtype), g)  # (BT, k, d)
+        d_logits = weights * (d_w - (weights * d_w).sum(1, keepdim=True) + dl)  # (BT, k, S)
         q = upcast(queries)
         d_q = torch.zeros_like(q)
         out = []
         for j in range(n):
-            v = upcast(values[j]).reshape(-1, d)
+            v = V[:, j]
             r = upcast(scales[j]).reshape(-1, 1)
             # logit s_js = r_j·(q_sᵀv_j), r_j = (mean(v_j²) + ε)^(-1/2):
             # dq_s += Σ dl_js·r_j·v_j;  dv_j = r_j·Σ_s dl_js·q_s − (r_j²/d)·(Σ_s dl_js·s_js)·v_j
-            dl_r = d_logits[j] * r  # (BT, S)
+            dl_j = d_logits[:, j]  # (BT, S)
+            dl_r = dl_j * r
             d_q += dl_r.T @ v  # (S, d)
             d_v_j = torch.addmm(d_v[:, j], dl_r, q)
-            coef = (d_logits[j] * logits[j]).sum(-1, keepdim=True).mul_(r.square()).div_(-d)
+            coef = (dl_j * logits[:, j]).sum(-1, keepdim=True).mul_(r.square()).div_(-d)
             d_v_j.addcmul_(v, coef)
             out.append(d_v_j.reshape(B, T, d).to(values[j].dtype))
         return (d_q.to(queries.dtype), None, *out, *([None] * n))
@@ -254,7 +272,7 @@ def block_phase1(
     """Per query of S (S, d) over the finished sources with their `rms_scale`s: the lists of
     h¹ (B, T, d) and of lse¹ (B, T)."""
     if not torch.is_grad_enabled():
-        _, _, h1, lse = _phase1(queries, tuple(values), tuple(scales))
+        *_, h1, lse = _phase1(queries, tuple(values), tuple(scales))
         return h1, lse
     out = _BlockPhase1.apply(queries, len(values), *values, *scales)
     S = queries.shape[0]
