@@ -167,12 +167,15 @@ def depth_mixing_activation_bytes(
 
     - AttnRes: every distinct source (L + 1: the embedding and L sublayer outputs for Full; the
       embedding and the L running block sums b_n^i for Block) is kept with its fp32 key scale
-      1/rms (the key is the source times that scale and is never stored), and for every
-      attended source of every sublayer and of the aggregation its fp32 logit and weight.
-      The input-dependent query also keeps the normalised newest state, the projected query
-      and the query after the key gain (3·e·d per sublayer, plus a 1/rms). Without key norms
-      only the values are kept. With full recomputation only the values (the checkpoint
-      inputs) stay.
+      1/rms (the key is the source times that scale and is never stored). With static queries
+      the sources that stay (Full: all L + 1; Block: the embedding and the N blocks) live on a
+      depth stack that keeps one fp32 weight per (use, stack source) — the L + 1 uses
+      (sublayers and aggregation) times the stack's L + 1 or N + 1 sources — and Block's
+      running partial, a source of one sublayer only, keeps its fp32 logit and weight there.
+      The input-dependent query keeps per use its fp32 logits and weights, the normalised
+      newest state, the projected query and the query after the key gain (3·e·d per sublayer,
+      plus a 1/rms). Without key norms no scales are kept. With full recomputation only the
+      values (the checkpoint inputs) stay.
     - mHC-lite, per sublayer: the n·d stream state (its normalisation is a per-token scalar
       folded into the coefficient product, so no normalised copy is kept), the sublayer output
       for the H_post outer product, and per token the small coefficient tensors: the k
@@ -188,8 +191,13 @@ def depth_mixing_activation_bytes(
         if recompute == "full":
             return e * n_values * d * sb
         keys = 0 if v == "attnres_no_key_norm" else n_values * FP32
-        weights = 2 * FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
-        query = (3 * e * d + FP32) * cfg.n_sublayers if v == "attnres_input_query" else 0
+        if v == "attnres_input_query":
+            weights = 2 * FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
+            query = (3 * e * d + FP32) * cfg.n_sublayers
+        else:
+            partial_uses = cfg.n_sublayers - cfg.n_blocks if v == "block_attnres" else 0
+            weights = FP32 * (n_values * aggregation_sources(cfg) + 2 * partial_uses)
+            query = 0
         return (e * n_values * d + keys + weights + query) * sb
     if v == "mhc_lite":
         n = cfg.streams

@@ -76,15 +76,21 @@ def counted_flops(cfg: ArchConfig, backward: bool) -> int:
 def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
     """The depth-mixing FLOPs per token a FLOP counter sees, (forward, backward).
 
-    The counter counts matrix products only. Depth attention with a pseudo-query computes its
-    logits (half of the analytic 4·d·Σk) as products and, backward, the query gradient and the
-    per-token dot products of the weight gradients (the same again each); its weighted sum and
-    the value gradients are element-wise multiply-adds. With the input-dependent query the
-    d×d projections (3×), the aggregation's static query and, backward, the weight gradients'
-    dot products are products. DenseFormer's weighted average is a product
-    forward and for the weight gradient. mHC-lite is all products except the outer products
-    H_post ⊗ f (forward) and H_pre ⊗ dh (backward), which are element-wise, and its constant
-    permutation matrices get no gradient."""
+    The counter counts matrix products only. Full and Block AttnRes with static queries run on
+    a `DepthStack` (workers/model/depth_stack.py): for a source on the stack every term is a
+    product — forward its logits and its share of the weighted sum (the analytic 4·d per
+    (source, use) pair), backward the weight gradient, the Σα·g term, the query term and the
+    query gradient (8·d) — except that a weighted sum over a single stack source is an
+    element-wise product: the uses that see one stack source (Full's first sublayer, Block's
+    first block) and the stack source with one use (the last one, seen by the aggregation only).
+    Block's running partial, a source outside the stack, gets its logit forward and its query
+    gradient backward as products (2·d each); its weighted add and value gradient are
+    element-wise. With the input-dependent query (per-use `depth_attend`) the d×d projections
+    (3×), the aggregation's static query and, backward, the weight gradients' dot products are
+    products. DenseFormer's weighted average is a product forward and for the weight gradient.
+    mHC-lite is all products except the outer products H_post ⊗ f (forward) and H_pre ⊗ dh
+    (backward), which are element-wise, and its constant permutation matrices get no
+    gradient."""
     mixing = forward_flops_per_token(cfg).depth_mixing_flops
     d, sub = cfg.d_model, cfg.n_sublayers
     if cfg.variant == "attnres_input_query":
@@ -93,7 +99,12 @@ def counter_visible_mixing(cfg: ArchConfig) -> tuple[float, float]:
         dots = 2 * d * (attended_sources_total(cfg) + aggregation_sources(cfg))
         return proj + agg, 2 * proj + agg + dots
     if cfg.variant in ATTNRES_VARIANTS:
-        return mixing / 2, mixing
+        block = cfg.variant == "block_attnres"
+        partial_uses = sub - cfg.n_blocks if block else 0
+        one_source_uses = min(cfg.block_size, sub) if block else 1
+        one_use_sources = 1
+        forward = mixing - 2 * d * (partial_uses + one_source_uses)
+        return forward, 2 * mixing - 6 * d * partial_uses - 2 * d * one_use_sources
     if cfg.variant == "denseformer":
         return mixing, mixing
     if cfg.variant == "mhc_lite":
@@ -170,15 +181,16 @@ def paper_sources(
 
 
 def drive(
-    mixer: torch.nn.Module, emb: torch.Tensor, outs: list[torch.Tensor]
+    mixer: torch.nn.Module, emb: torch.Tensor, outs: list[torch.Tensor], finish: bool = False
 ) -> list[torch.Tensor]:
-    """Feed fixed outputs through a mixer; return every sublayer input."""
+    """Feed fixed outputs through a mixer; return every sublayer input (and, with `finish`,
+    the mixer's output last)."""
     state = mixer.begin(emb)
     inputs = []
     for l, out in enumerate(outs):
         inputs.append(mixer.input(state, l))
         mixer.record(state, l, out)
-    return inputs
+    return [*inputs, mixer.finish(state)] if finish else inputs
 
 
 @pytest.mark.parametrize(
@@ -462,6 +474,39 @@ def test_two_phase_is_differentiable_and_equals_sequential_gradients(block_size:
         torch.testing.assert_close(two[name], seq[name], rtol=1e-10, atol=1e-10)
 
 
+# -- fused mixers against their plain definitions ---------------------------------------------
+def fp64_mixer_and_sources(
+    cfg: ArchConfig, tokens: int, seed: int
+) -> tuple[torch.nn.Module, torch.Tensor, list[torch.Tensor]]:
+    """A float64 mixer with every parameter moved well off its initial value, and a random
+    embedding and sublayer outputs (2 sequences of `tokens`) that require gradients."""
+    mixer = build_model(cfg).double().mixer
+    perturb(mixer, 0.5, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (2, tokens, cfg.d_model)
+    emb, *outs = (
+        torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+        for _ in range(cfg.n_sublayers + 1)
+    )
+    return mixer, emb, outs
+
+
+def assert_same_with_gradients(
+    ours: list[torch.Tensor], ref: list[torch.Tensor], wanted: list[torch.Tensor]
+) -> None:
+    """Equal values (1e-12) and equal gradients of `wanted` (1e-10) through a probe that
+    weighs every result differently."""
+
+    def through(results: list[torch.Tensor]) -> list[torch.Tensor]:
+        probe = sum((h.sin() * (i + 1)).sum() for i, h in enumerate(results))
+        return list(torch.autograd.grad(probe, wanted))
+
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    for a, b in zip(through(ours), through(ref), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 # -- mHC-lite against its definition ----------------------------------------------------------
 def mhc_reference(mixer: torch.nn.Module, emb: torch.Tensor, outs: list[torch.Tensor]) -> tuple:
     """mHC-lite straight from its definition (arXiv 2601.05732) in plain autograd: every sublayer
@@ -486,33 +531,11 @@ def test_mhc_lite_equals_its_definition_with_gradients() -> None:
     """The fused stream functions against the plain definition, fp64: every sublayer input,
     the output, and the gradients of the embedding, the sublayer outputs and every parameter
     (1e-10), with all parameters moved well off their initial values."""
-    model = build_model(make("mhc_lite", n_layers=4, d_model=32, n_heads=2)).double()
-    mixer = model.mixer
-    perturb(mixer, 0.5, seed=3)
-    gen = torch.Generator().manual_seed(0)
-    emb = torch.randn(2, 7, 32, dtype=torch.float64, generator=gen, requires_grad=True)
-    outs = [
-        torch.randn(2, 7, 32, dtype=torch.float64, generator=gen, requires_grad=True)
-        for _ in range(mixer.n_sublayers)
-    ]
-    wanted = [emb, *outs, *mixer.parameters()]
-
-    def through(inputs: list[torch.Tensor], out: torch.Tensor) -> list[torch.Tensor]:
-        probe = sum((h.sin() * (i + 1)).sum() for i, h in enumerate(inputs)) + out.square().sum()
-        return list(torch.autograd.grad(probe, wanted))
-
-    state = mixer.begin(emb)
-    ours = []
-    for l, f in enumerate(outs):
-        ours.append(mixer.input(state, l))
-        mixer.record(state, l, f)
-    ours_out = mixer.finish(state)
-    ref, ref_out = mhc_reference(mixer, emb, outs)
-    for a, b in zip(ours, ref, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(ours_out, ref_out, rtol=1e-12, atol=1e-12)
-    for a, b in zip(through(ours, ours_out), through(ref, ref_out), strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    cfg = make("mhc_lite", n_layers=4, d_model=32, n_heads=2)
+    mixer, emb, outs = fp64_mixer_and_sources(cfg, tokens=7, seed=3)
+    ours = drive(mixer, emb, outs, finish=True)
+    ref_inputs, ref_out = mhc_reference(mixer, emb, outs)
+    assert_same_with_gradients(ours, [*ref_inputs, ref_out], [emb, *outs, *mixer.parameters()])
 
 
 def test_mhc_lite_initial_state_and_doubly_stochastic_mixing() -> None:
@@ -563,3 +586,91 @@ def test_inference_paths_of_depth_attention_agree(
             results.append(depth_attend(query, values, scales, gate))
     for result in results:
         torch.testing.assert_close(result, reference, rtol=1e-12, atol=1e-12)
+
+
+# -- the depth stack (static-query AttnRes) against its definition ------------------------------
+def attnres_reference(
+    mixer: torch.nn.Module, variant: str, emb: torch.Tensor, outs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """Every sublayer input and the aggregation straight from REFERENCE.md §1 in plain autograd:
+    the gate over the paper's sources with RMSNorm keys (raw keys for the ablation)."""
+    block_size = mixer.block_size if variant == "block_attnres" else 1
+    key_norm = variant != "attnres_no_key_norm"
+    results = []
+    for l in range(len(outs) + 1):
+        if l < len(outs):
+            sources = paper_sources(variant, block_size, emb, outs[:l])
+            q, gain = mixer.queries[l], mixer.key_gains[l] if key_norm else None
+        else:  # the aggregation: the embedding and every block (Full: every output)
+            n = -(-len(outs) // block_size)
+            blocks = [sum(outs[b * block_size : (b + 1) * block_size]) for b in range(n)]
+            sources = [emb, *blocks]
+            q, gain = mixer.agg_query, mixer.agg_key_gain if key_norm else None
+        keys = [rms_normalize(s) * gain if gain is not None else s for s in sources]
+        logits = torch.stack([(k * q).sum(-1) for k in keys])
+        weights = logits.sigmoid() if variant == "attnres_sigmoid" else logits.softmax(0)
+        results.append((weights[..., None] * torch.stack(sources)).sum(0))
+    return results
+
+
+@pytest.mark.parametrize(
+    ("variant", "block_size"),
+    [("full_attnres", None), ("attnres_sigmoid", None), ("attnres_no_key_norm", None)]
+    + [("block_attnres", s) for s in (1, 2, 3, 4, 10)],
+)
+def test_depth_stack_equals_the_definition_with_gradients(
+    variant: str, block_size: int | None
+) -> None:
+    """Every sublayer input, the aggregation, and the gradients of the embedding, of every
+    sublayer output and of every parameter equal the plain-autograd definition (fp64, 1e-10),
+    with queries and gains well off their initial values; uneven last blocks included."""
+    cfg = make(variant, block_size=block_size, n_layers=5, d_model=16, n_heads=2)
+    mixer, emb, outs = fp64_mixer_and_sources(cfg, tokens=5, seed=2)
+    ours = drive(mixer, emb, outs, finish=True)
+    ref = attnres_reference(mixer, variant, emb, outs)
+    assert_same_with_gradients(ours, ref, [emb, *outs, *mixer.parameters()])
+
+
+@pytest.mark.parametrize("variant", ["full_attnres", "block_attnres"])
+def test_depth_stacks_in_flight_together_and_kept_graphs(variant: str) -> None:
+    """The stack's reused buffers never leak between forward passes: two forwards in flight at
+    once (backward in the reverse order), a graph kept for a second backward, and a forward
+    under no_grad in between all give the gradients of one forward and backward alone."""
+    model = build_model(make(variant, n_layers=3)).double()
+    perturb(model, 0.3)
+    gen = torch.Generator().manual_seed(0)
+    a, b = (torch.randint(0, 256, (2, 16), generator=gen) for _ in range(2))
+
+    def grads(idx: torch.Tensor) -> list[torch.Tensor]:
+        model.zero_grad()
+        model(idx, idx.roll(-1, 1))[1].backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    alone_a, alone_b = grads(a), grads(b)
+    model.zero_grad()
+    loss_a = model(a, a.roll(-1, 1))[1]
+    loss_b = model(b, b.roll(-1, 1))[1]
+    with torch.no_grad():
+        model(b)
+    torch.autograd.backward(loss_b, retain_graph=True)
+    got_b = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.autograd.backward(loss_a)
+    got_a = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.autograd.backward(loss_b)  # the kept graph, a second time
+    again_b = [p.grad.clone() for p in model.parameters()]
+    for want, *got in zip(alone_a, got_a, strict=True):
+        torch.testing.assert_close(got[0], want, rtol=1e-12, atol=1e-12)
+    for want, g1, g2 in zip(alone_b, got_b, again_b, strict=True):
+        torch.testing.assert_close(g1, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(g2, want, rtol=1e-12, atol=1e-12)
+
+
+def test_depth_stack_refuses_out_of_order_use() -> None:
+    mixer = build_model(make("full_attnres", n_layers=2)).mixer
+    emb = torch.randn(1, 3, 64)
+    state = mixer.begin(emb)
+    mixer.input(state, 2)
+    with pytest.raises(ValueError, match=r"use 1 is not in 3\.\.4"):
+        mixer.input(state, 1)

@@ -30,6 +30,7 @@ from workers.model.depth_attention import (
     rms_scale,
     weighted_sum,
 )
+from workers.model.depth_stack import DepthStack
 from workers.model.layers import rms_normalize
 
 Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
@@ -144,21 +145,38 @@ class _AttnResBase(DepthMixer):
         q = self.query(l, values[-1])
         return depth_attend(q, values, self._keys(keys), self.gate)
 
+    def stack(self, emb: torch.Tensor, slots: int) -> DepthStack:
+        """Static queries (every variant but the input-dependent query): the sources go on a
+        `DepthStack` that serves every use, the aggregation last."""
+        queries = torch.cat([self.queries, self.agg_query[None]])
+        if self.key_gains is not None and self.agg_key_gain is not None:
+            queries = queries * torch.cat([self.key_gains, self.agg_key_gain[None]])
+        return DepthStack(queries, emb, slots, self.key_norm, self.gate)
+
 
 class FullAttnRes(_AttnResBase):
     """Full AttnRes: sublayer l attends to v_0 (the embedding) and every earlier output."""
 
-    def begin(self, emb: torch.Tensor) -> dict[str, list[Any]]:
+    def begin(self, emb: torch.Tensor) -> dict[str, Any]:
+        if self.input_proj is None:
+            return {"stack": self.stack(emb, self.n_sublayers + 1)}
         return {"values": [emb], "keys": [self.key(emb)]}
 
-    def input(self, state: dict[str, list[Any]], l: int) -> torch.Tensor:
+    def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
+        if "stack" in state:
+            return state["stack"].attend(l)
         return self.attend(l, state["values"], state["keys"])
 
-    def record(self, state: dict[str, list[Any]], l: int, out: torch.Tensor) -> None:
+    def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
+        if "stack" in state:
+            state["stack"].push(out)
+            return
         state["values"].append(out)
         state["keys"].append(self.key(out))
 
-    def finish(self, state: dict[str, list[Any]]) -> torch.Tensor:
+    def finish(self, state: dict[str, Any]) -> torch.Tensor:
+        if "stack" in state:
+            return state["stack"].attend(self.n_sublayers)
         return self.aggregate(state["values"], state["keys"])
 
 
@@ -185,26 +203,23 @@ class BlockAttnRes(_AttnResBase):
         return [range(s, min(s + S, L)) for s in range(0, L, S)]
 
     def begin(self, emb: torch.Tensor) -> dict[str, Any]:
-        return {"values": [emb], "keys": [self.key(emb)], "partial": None, "partial_key": None}
+        stack = self.stack(emb, len(self.blocks()) + 1)
+        return {"stack": stack, "partial": None, "partial_key": None}
 
     def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
-        keys, values = state["keys"], state["values"]
-        if state["partial"] is not None:
-            if state["partial_key"] is None:
-                state["partial_key"] = self.key(state["partial"])
-            keys, values = [*keys, state["partial_key"]], [*values, state["partial"]]
-        return self.attend(l, values, keys)
+        if state["partial"] is not None and state["partial_key"] is None:
+            state["partial_key"] = self.key(state["partial"])
+        return state["stack"].attend(l, state["partial"], state["partial_key"])
 
     def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
         partial = out if state["partial"] is None else state["partial"] + out
         state["partial"], state["partial_key"] = partial, None
         if (l + 1) % self.block_size == 0 or l + 1 == self.n_sublayers:  # block complete
-            state["values"].append(partial)
-            state["keys"].append(self.key(partial))
+            state["stack"].push(partial)
             state["partial"] = None
 
     def finish(self, state: dict[str, Any]) -> torch.Tensor:
-        return self.aggregate(state["values"], state["keys"])
+        return state["stack"].attend(self.n_sublayers)
 
     def run(
         self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"

@@ -1,0 +1,333 @@
+"""Depth attention with static pseudo-queries over a growing stack of sources: the training and
+sequential path of Full and Block AttnRes.
+
+With static queries every logit a source will ever get is known when the source is made:
+s_ji = r_i·(q_jᵀv_i) for every later use j (sublayers, then the output aggregation). So the
+work is organised per source and per use instead of per (source, use) pair, over buffers the
+uses share, token-major so that a token's sources are one contiguous (k, d) matrix:
+
+- pushing source i writes it once into V (B·T, slots, d), keeps its key scale r_i = 1/rms(v_i)
+  (the key r_i·v_i is never stored) and computes its logits for every later use with one
+  product against those uses' queries;
+- use j takes a softmax over its row of logits and the weighted sum as one batched product
+  over the stack, plus at most one source outside the stack (Block AttnRes's running partial,
+  which is a source of exactly one sublayer); its backward stores its output gradient g_j and
+  its logit gradients, and computes the weight gradients vᵢᵀg_j as one batched product;
+- the gradient of source i is made once, when autograd reaches it (after every use of i):
+  Σ_j α_ji·g_j is one batched product over the stored g_j, the query and norm terms are one
+  product over the logit gradients, and so is the queries' gradient.
+
+Autograd sees a chain of tokens (0-d tensors): `open` (the first source and every query) →
+`push` → … and each use hangs off the latest token, so the engine runs a source's backward only
+after every use of it. The buffers V, r and the weights are saved by the use that closes the
+stack (the output aggregation), which is what `saved_tensors_hooks` and the cost model count.
+Every (source, use) pair costs one read of the source forward and two backward (the weight
+gradient and the α-term), against about ten per-source passes when each use is its own
+function (see docs/architecture.md).
+
+FLOP counting: for stack sources every term is a matrix product — the logits and the weighted
+sum forward (2·d each per pair), and backward the weight gradients, the α-term, the query term
+and the queries' gradient (8·d per pair): exactly the analytic 4·d per pair forward and twice
+that backward. For the source outside the stack, the logit forward and the query gradient
+backward are products (2·d each); its weighted add and value gradient are element-wise.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+from workers.model.depth_attention import rms_scale
+from workers.model.layers import upcast
+
+
+def _combine(weights: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+    """Per token Σ_k weights[:, k]·X[:, k]: (B·T, k) with (B·T, k, d) → (B·T, d), one batched
+    product; a single term is a plain product (a batched product with one term is slow)."""
+    if X.shape[1] == 1:
+        return X[:, 0] * weights
+    return torch.bmm(weights[:, None, :], X).squeeze(1)
+
+
+class _Workspace:
+    """Reuse of the stack's large buffers between forward passes on the CPU.
+
+    A buffer of tens of MB is handed to a fresh mapping by the C allocator and every page of it
+    faults on first touch, every step: at the benchmark shape that costs as much as the
+    arithmetic on the buffer. Buffers go back here when the stack that took them is freed (the
+    scratch of the backward pass as soon as the pass ends) and are taken again by the next
+    forward of the same shape. At most `keep` per shape are held: a training loop keeps the
+    previous step's graph alive while it runs the next forward. CUDA has its own caching
+    allocator, so only CPU buffers are kept."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.free: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+        self.lock = threading.Lock()
+
+    def take(
+        self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        if device.type == "cpu":
+            with self.lock:
+                free = self.free.get((shape, dtype))
+                if free:
+                    return free.pop()
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    def give(self, *tensors: torch.Tensor | None) -> None:
+        with self.lock:
+            for t in tensors:
+                if type(t) is torch.Tensor and t.device.type == "cpu":  # not a traced fake
+                    free = self.free.setdefault((tuple(t.shape), t.dtype), [])
+                    if len(free) < self.keep:
+                        free.append(t)
+
+
+WORKSPACE = _Workspace()
+
+
+class DepthStack:
+    """Depth attention of one forward pass with static queries.
+
+    queries: (U, d), the query of every use in order (a learned key gain folded in); slots:
+    how many sources will be pushed (the first is given here); key_norm: keys are the
+    RMS-normalised sources (else the raw ones); gate: "softmax" or "sigmoid". Call `push` for
+    each new source and `attend` for each use, in forward order; the last use (the aggregation)
+    closes the stack. This handle holds the latest token; the buffers live in a `_Stack` that only
+    the autograd nodes hold, so no reference cycle keeps them from the workspace."""
+
+    def __init__(
+        self, queries: torch.Tensor, first: torch.Tensor, slots: int, key_norm: bool, gate: str
+    ) -> None:
+        if gate not in ("softmax", "sigmoid"):
+            raise ValueError(f"gate: unknown value {gate!r}")
+        self.stack = _Stack(slots, key_norm, gate)
+        self.token = _Open.apply(queries, first, self.stack)
+
+    def push(self, value: torch.Tensor) -> None:
+        """Add a source (B, T, d); it is attended by every later use."""
+        if self.stack.n == self.stack.slots:
+            raise ValueError(f"DepthStack: all {self.stack.slots} slots are taken")
+        self.token = _Push.apply(self.token, value, self.stack)
+
+    def attend(
+        self, use: int, extra: torch.Tensor | None = None, extra_scale: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Use `use` (its row of queries; uses come in increasing order, the last one closes
+        the stack): softmax (or sigmoid) attention over the stack and, if given, one more
+        source `extra` (B, T, d) with its key scale (None: no key norm)."""
+        uses = self.stack.Q.shape[0]
+        if not self.stack.uses <= use < uses:
+            raise ValueError(f"DepthStack: use {use} is not in {self.stack.uses}..{uses - 1}")
+        return _Attend.apply(self.token, extra, extra_scale, self.stack, use)
+
+
+class _Stack:
+    """The buffers and arithmetic behind a `DepthStack`."""
+
+    def __init__(self, slots: int, key_norm: bool, gate: str) -> None:
+        self.slots, self.key_norm, self.gate = slots, key_norm, gate
+
+    # -- forward arithmetic ------------------------------------------------------------------
+    def _allocate(self, queries: torch.Tensor, first: torch.Tensor) -> None:
+        B, T, d = first.shape
+        self.shape = (B, T, d)
+        self.dtype = first.dtype  # the sources' dtype (fp32 under autocast)
+        acc = torch.float64 if first.dtype == torch.float64 else torch.float32
+        self.Q = queries.detach().to(acc)  # (U, d)
+        U, dev = self.Q.shape[0], first.device
+        take = WORKSPACE.take
+        self.V = take((B * T, self.slots, d), first.dtype, dev)
+        self.R = take((B * T, self.slots), acc, dev) if self.key_norm else None
+        self.logits: torch.Tensor | None = take((B * T, U, self.slots), acc, dev)
+        self.A = take((B * T, U, self.slots), acc, dev).zero_()  # the weights
+        self.first_use: list[int] = []
+        self.n = 0  # sources pushed
+        self.uses = 0  # uses made
+        self._reset_backward()
+
+    def __del__(self) -> None:  # (a stack that never opened, e.g. under tracing, holds none)
+        WORKSPACE.give(*(getattr(self, k, None) for k in ("V", "R", "A", "logits", "G", "DL")))
+
+    def _reset_backward(self) -> None:
+        """Hand the backward scratch back (also before a second backward of a kept graph)."""
+        WORKSPACE.give(getattr(self, "G", None), getattr(self, "DL", None))
+        self.G: torch.Tensor | None = None  # (B·T, U, d) every use's output gradient
+        self.DL: torch.Tensor | None = None  # (B·T, U, slots) logit gradients
+        self.dQ: torch.Tensor | None = None  # (U, d)
+        self.done: list[bool] = []
+
+    def _write(self, value: torch.Tensor) -> int:
+        i, f = self.n, self.uses
+        B, T, d = self.shape
+        v = value.reshape(B * T, d)
+        self.V[:, i] = v
+        assert self.logits is not None
+        logits = upcast(v) @ self.Q[f:].T  # (B·T, U − f): every later use at once
+        if self.R is not None:
+            r = rms_scale(v)
+            self.R[:, i] = r
+            logits.mul_(r[:, None])
+        self.logits[:, f:, i] = logits
+        self.first_use.append(f)
+        self.n += 1
+        return i
+
+    def _gate(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.softmax(dim=-1) if self.gate == "softmax" else logits.sigmoid()
+
+    # -- backward arithmetic -----------------------------------------------------------------
+    def _grad_buffers(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.G is None:
+            B, T, d = self.shape
+            U, acc, dev = self.Q.shape[0], self.Q.dtype, self.V.device
+            self.G = WORKSPACE.take((B * T, U, d), acc, dev)
+            self.DL = WORKSPACE.take((B * T, U, self.slots), acc, dev)
+            self.dQ = torch.zeros(U, d, dtype=acc, device=dev)
+            self.done = [False] * U
+        assert self.DL is not None and self.dQ is not None
+        return self.G, self.DL, self.dQ
+
+    def _source_grad(self, i: int) -> torch.Tensor:
+        """dL/dv_i over every use j ≥ first_use[i], with s_ji = r_i·(q_jᵀv_i) and
+        r_i = (mean(v_i²) + ε)^(−1/2):
+        dv_i = Σ_j α_ji·g_j + r_i·u − (r_i²/d)·(v_iᵀu)·v_i,  u = Σ_j dl_ji·q_j;
+        dq_j += dl_ji·r_i·v_i (summed over tokens)."""
+        G, DL, dQ = self._grad_buffers()
+        f = self.first_use[i]
+        for j in range(f, len(self.done)):  # uses that got no gradient contribute nothing
+            if not self.done[j]:
+                G[:, j] = 0
+                DL[:, j] = 0
+                self.done[j] = True
+        B, T, d = self.shape
+        a = self.A[:, f:, i].contiguous()  # (B·T, n); a strided one sends bmm down a slow path
+        dv = _combine(a, G[:, f:])  # Σ_j α_ji·g_j, (B·T, d)
+        dl = DL[:, f:, i]
+        if self.R is not None:
+            dl = dl * self.R[:, i : i + 1]  # dl·r
+        v = upcast(self.V[:, i])
+        u = dl @ self.Q[f:]  # (B·T, d)
+        dv.add_(u)
+        if self.R is not None:
+            r = self.R[:, i]
+            coef = torch.linalg.vecdot(v, u).mul_(r.square()).div_(-d)
+            dv.addcmul_(v, coef[:, None])
+        dQ[f:] += dl.T @ v  # (an in-place addmm_ would hide the product from FLOP counters)
+        return dv.view(B, T, d).to(self.dtype)
+
+
+class _Open(torch.autograd.Function):
+    """Allocates the stack and pushes its first source; backward: that source's gradient and
+    the gradient of every query (it runs last)."""
+
+    @staticmethod
+    def forward(ctx: Any, queries: torch.Tensor, first: torch.Tensor, stack: _Stack) -> Any:
+        with torch.autocast(first.device.type, enabled=False):
+            stack._allocate(queries, first)
+            stack._write(first)
+        ctx.stack = stack
+        return first.new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _token: torch.Tensor | None) -> Any:
+        stack: _Stack = ctx.stack
+        d_first = stack._source_grad(0)
+        _, _, dQ = stack._grad_buffers()
+        stack._reset_backward()  # a second backward (retain_graph) starts afresh
+        return dQ.to(stack.Q.dtype), d_first, None
+
+
+class _Push(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, token: torch.Tensor, value: torch.Tensor, stack: _Stack) -> Any:
+        with torch.autocast(value.device.type, enabled=False):
+            ctx.i = stack._write(value)
+        ctx.stack = stack
+        return token.new_zeros(())
+
+    @staticmethod
+    def backward(ctx: Any, _token: torch.Tensor | None) -> Any:
+        return None, ctx.stack._source_grad(ctx.i), None
+
+
+class _Attend(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        token: torch.Tensor,
+        extra: torch.Tensor | None,
+        extra_scale: torch.Tensor | None,
+        stack: _Stack,
+        use: int,
+    ) -> torch.Tensor:
+        j, m = use, stack.n
+        stack.uses = j + 1
+        close = j == stack.Q.shape[0] - 1
+        B, T, d = stack.shape
+        assert stack.logits is not None
+        with torch.autocast(stack.V.device.type, enabled=False):
+            logits = stack.logits[:, j, :m]
+            p = s = None
+            if extra is not None:
+                p = upcast(extra.reshape(B * T, d))
+                s = (p @ stack.Q[j][:, None]).squeeze(1)  # (B·T,)
+                if extra_scale is not None:
+                    s = s * extra_scale.reshape(-1)
+                logits = torch.cat([logits, s[:, None]], dim=1)
+            weights = stack._gate(logits)
+            stack.A[:, j, :m] = weights[:, :m]
+            h = _combine(weights[:, :m].to(stack.dtype), stack.V[:, :m])
+            alpha = None
+            if extra is not None:
+                assert p is not None
+                alpha = weights[:, m].contiguous()  # saved: not a view of all the weights
+                h.addcmul_(p.to(stack.dtype), alpha[:, None].to(stack.dtype))
+            h = h.view(B, T, d)
+        ctx.stack, ctx.j, ctx.m = stack, j, m
+        ctx.has_extra = extra is not None
+        saved = [extra, extra_scale, s, alpha]
+        if close:  # the last use: the buffers every backward reads are saved here, once
+            saved += [stack.V, stack.R, stack.A]
+            WORKSPACE.give(stack.logits)
+            stack.logits = None
+        ctx.save_for_backward(*saved)
+        return h
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        stack: _Stack = ctx.stack
+        j, m = ctx.j, ctx.m
+        extra, extra_scale, s, alpha = ctx.saved_tensors[:4]
+        G, DL, dQ = stack._grad_buffers()
+        B, T, d = stack.shape
+        g = upcast(grad).reshape(B * T, d)
+        G[:, j] = g
+        stack.done[j] = True
+        V = stack.V[:, :m]
+        dw = upcast(torch.bmm(V, g.to(stack.dtype)[:, :, None]).squeeze(2))  # (B·T, m)
+        w = stack.A[:, j, :m]
+        if ctx.has_extra:
+            p = upcast(extra.reshape(B * T, d))
+            dw = torch.cat([dw, torch.linalg.vecdot(p, g)[:, None]], dim=1)
+            w = torch.cat([w, alpha[:, None]], dim=1)
+        if stack.gate == "softmax":
+            dl = w * (dw - (w * dw).sum(-1, keepdim=True))
+        else:
+            dl = dw * w * (1 - w)
+        DL[:, j, :m] = dl[:, :m]
+        if not ctx.has_extra:
+            return (None,) * 5
+        # the source outside the stack, s = r·(qᵀp): dp = α·g + dl·r·q − (dl·s·r/d)·r·p
+        dl_p = dl[:, m]
+        q = stack.Q[j]
+        dlr = dl_p if extra_scale is None else dl_p * extra_scale.reshape(-1)
+        dp = g * alpha[:, None]
+        dp.addcmul_(q[None, :], dlr[:, None])
+        if extra_scale is not None:
+            dp.addcmul_(p, (dlr * s * extra_scale.reshape(-1) / -d)[:, None])
+        dQ[j] += (dlr[None, :] @ p).squeeze(0)
+        return None, dp.view(B, T, d).to(extra.dtype), None, None, None
