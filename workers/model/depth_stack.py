@@ -105,13 +105,21 @@ class DepthStack:
         if gate not in ("softmax", "sigmoid"):
             raise ValueError(f"gate: unknown value {gate!r}")
         self.stack = _Stack(slots, key_norm, gate)
-        self.token = _Open.apply(queries, first, self.stack)
+        # without autograd (inference) the arithmetic runs directly: no tokens, no nodes
+        self.graph = torch.is_grad_enabled()
+        if self.graph:
+            self.token = _Open.apply(queries, first, self.stack)
+        else:
+            self.stack.open(queries, first)
 
     def push(self, value: torch.Tensor) -> None:
         """Add a source (B, T, d); it is attended by every later use."""
         if self.stack.n == self.stack.slots:
             raise ValueError(f"DepthStack: all {self.stack.slots} slots are taken")
-        self.token = _Push.apply(self.token, value, self.stack)
+        if self.graph:
+            self.token = _Push.apply(self.token, value, self.stack)
+        else:
+            self.stack.write(value)
 
     def attend(
         self, use: int, extra: torch.Tensor | None = None, extra_scale: torch.Tensor | None = None
@@ -122,7 +130,10 @@ class DepthStack:
         uses = self.stack.Q.shape[0]
         if not self.stack.uses <= use < uses:
             raise ValueError(f"DepthStack: use {use} is not in {self.stack.uses}..{uses - 1}")
-        return _Attend.apply(self.token, extra, extra_scale, self.stack, use)
+        if self.graph:
+            return _Attend.apply(self.token, extra, extra_scale, self.stack, use)
+        h, *_ = self.stack.attend(use, extra, extra_scale)
+        return h
 
 
 class _Stack:
@@ -132,7 +143,14 @@ class _Stack:
         self.slots, self.key_norm, self.gate = slots, key_norm, gate
 
     # -- forward arithmetic ------------------------------------------------------------------
-    def _allocate(self, queries: torch.Tensor, first: torch.Tensor) -> None:
+    def open(self, queries: torch.Tensor, first: torch.Tensor, backward: bool = False) -> None:
+        """Allocate and push the first source; `backward`: keep what the backward pass reads
+        (the key scales and the weights)."""
+        with torch.autocast(first.device.type, enabled=False):
+            self._allocate(queries, first, backward)
+            self.write(first)
+
+    def _allocate(self, queries: torch.Tensor, first: torch.Tensor, backward: bool) -> None:
         B, T, d = first.shape
         self.shape = (B, T, d)
         self.dtype = first.dtype  # the sources' dtype (fp32 under autocast)
@@ -141,9 +159,9 @@ class _Stack:
         U, dev = self.Q.shape[0], first.device
         take = WORKSPACE.take
         self.V = take((B * T, self.slots, d), first.dtype, dev)
-        self.R = take((B * T, self.slots), acc, dev) if self.key_norm else None
+        self.R = take((B * T, self.slots), acc, dev) if self.key_norm and backward else None
         self.logits: torch.Tensor | None = take((B * T, U, self.slots), acc, dev)
-        self.A = take((B * T, U, self.slots), acc, dev).zero_()  # the weights
+        self.A = take((B * T, U, self.slots), acc, dev).zero_() if backward else None
         self.first_use: list[int] = []
         self.n = 0  # sources pushed
         self.uses = 0  # uses made
@@ -160,21 +178,53 @@ class _Stack:
         self.dQ: torch.Tensor | None = None  # (U, d)
         self.done: list[bool] = []
 
-    def _write(self, value: torch.Tensor) -> int:
+    def write(self, value: torch.Tensor) -> int:
+        """Push a source: its slot, key scale and logits for every later use."""
         i, f = self.n, self.uses
         B, T, d = self.shape
         v = value.reshape(B * T, d)
         self.V[:, i] = v
         assert self.logits is not None
         logits = upcast(v) @ self.Q[f:].T  # (B·T, U − f): every later use at once
-        if self.R is not None:
+        if self.key_norm:
             r = rms_scale(v)
-            self.R[:, i] = r
             logits.mul_(r[:, None])
+            if self.R is not None:
+                self.R[:, i] = r
         self.logits[:, f:, i] = logits
         self.first_use.append(f)
         self.n += 1
         return i
+
+    def attend(
+        self, j: int, extra: torch.Tensor | None, extra_scale: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Use j over the m sources pushed so far (and `extra`): its input h (B, T, d) and, for
+        the extra source, its logit and weight (B·T,). The last use closes the stack."""
+        m = self.n
+        self.uses = j + 1
+        B, T, d = self.shape
+        assert self.logits is not None
+        with torch.autocast(self.V.device.type, enabled=False):
+            logits = self.logits[:, j, :m]
+            p = s = alpha = None
+            if extra is not None:
+                p = upcast(extra.reshape(B * T, d))
+                s = (p @ self.Q[j][:, None]).squeeze(1)  # (B·T,)
+                if extra_scale is not None:
+                    s = s * extra_scale.reshape(-1)
+                logits = torch.cat([logits, s[:, None]], dim=1)
+            weights = self._gate(logits)
+            if self.A is not None:
+                self.A[:, j, :m] = weights[:, :m]
+            h = _combine(weights[:, :m].to(self.dtype), self.V[:, :m])
+            if p is not None:
+                alpha = weights[:, m].contiguous()  # saved: not a view of all the weights
+                h.addcmul_(p.to(self.dtype), alpha[:, None].to(self.dtype))
+        if j == self.Q.shape[0] - 1:  # closed: the logits are spent
+            WORKSPACE.give(self.logits)
+            self.logits = None
+        return h.view(B, T, d), s, alpha
 
     def _gate(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.softmax(dim=-1) if self.gate == "softmax" else logits.sigmoid()
@@ -204,6 +254,7 @@ class _Stack:
                 DL[:, j] = 0
                 self.done[j] = True
         B, T, d = self.shape
+        assert self.A is not None
         a = self.A[:, f:, i].contiguous()  # (B·T, n); a strided one sends bmm down a slow path
         dv = _combine(a, G[:, f:])  # Σ_j α_ji·g_j, (B·T, d)
         dl = DL[:, f:, i]
@@ -226,9 +277,7 @@ class _Open(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, queries: torch.Tensor, first: torch.Tensor, stack: _Stack) -> Any:
-        with torch.autocast(first.device.type, enabled=False):
-            stack._allocate(queries, first)
-            stack._write(first)
+        stack.open(queries, first, backward=True)
         ctx.stack = stack
         return first.new_zeros(())
 
@@ -245,7 +294,7 @@ class _Push(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, token: torch.Tensor, value: torch.Tensor, stack: _Stack) -> Any:
         with torch.autocast(value.device.type, enabled=False):
-            ctx.i = stack._write(value)
+            ctx.i = stack.write(value)
         ctx.stack = stack
         return token.new_zeros(())
 
@@ -264,36 +313,13 @@ class _Attend(torch.autograd.Function):
         stack: _Stack,
         use: int,
     ) -> torch.Tensor:
+        h, s, alpha = stack.attend(use, extra, extra_scale)
         j, m = use, stack.n
-        stack.uses = j + 1
-        close = j == stack.Q.shape[0] - 1
-        B, T, d = stack.shape
-        assert stack.logits is not None
-        with torch.autocast(stack.V.device.type, enabled=False):
-            logits = stack.logits[:, j, :m]
-            p = s = None
-            if extra is not None:
-                p = upcast(extra.reshape(B * T, d))
-                s = (p @ stack.Q[j][:, None]).squeeze(1)  # (B·T,)
-                if extra_scale is not None:
-                    s = s * extra_scale.reshape(-1)
-                logits = torch.cat([logits, s[:, None]], dim=1)
-            weights = stack._gate(logits)
-            stack.A[:, j, :m] = weights[:, :m]
-            h = _combine(weights[:, :m].to(stack.dtype), stack.V[:, :m])
-            alpha = None
-            if extra is not None:
-                assert p is not None
-                alpha = weights[:, m].contiguous()  # saved: not a view of all the weights
-                h.addcmul_(p.to(stack.dtype), alpha[:, None].to(stack.dtype))
-            h = h.view(B, T, d)
         ctx.stack, ctx.j, ctx.m = stack, j, m
         ctx.has_extra = extra is not None
         saved = [extra, extra_scale, s, alpha]
-        if close:  # the last use: the buffers every backward reads are saved here, once
-            saved += [stack.V, stack.R, stack.A]
-            WORKSPACE.give(stack.logits)
-            stack.logits = None
+        if stack.logits is None:  # it closed the stack: the buffers every backward reads
+            saved += [stack.V, stack.R, stack.A]  # are saved here, once
         ctx.save_for_backward(*saved)
         return h
 

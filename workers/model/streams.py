@@ -234,7 +234,9 @@ class _Update(torch.autograd.Function):
             H.reshape(N, n * n),
             post.reshape(N, n),
             f.reshape(N, d),
-            d_out.reshape(N, n, d),
+            # the output's gradient arrives broadcast over the streams (the model sums them);
+            # a batched product over a zero-stride operand falls back to one product per token
+            d_out.reshape(N, n, d).contiguous(),
         )
         return (
             d_X.view(B, T, n, d),
