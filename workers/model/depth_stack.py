@@ -334,7 +334,8 @@ class _Attend(torch.autograd.Function):
         G[:, j] = g
         stack.done[j] = True
         V = stack.V[:, :m]
-        dw = upcast(torch.bmm(V, g.to(stack.dtype)[:, :, None]).squeeze(2))  # (B·T, m)
+        # vᵢᵀg as a row times a matrix, (1, d)·(d, m): the form batched products run fastest
+        dw = upcast(torch.bmm(g.to(stack.dtype)[:, None, :], V.transpose(1, 2)).squeeze(1))
         w = stack.A[:, j, :m]
         if ctx.has_extra:
             p = upcast(extra.reshape(B * T, d))
