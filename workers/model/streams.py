@@ -82,8 +82,12 @@ def _coefficients_backward(
     g_pre, g_post, g_res = gates.unbind(0)
     d_c = d_a * torch.cat([g_pre.expand(n), g_post.expand(n), g_res.expand(k - 2 * n)])
     d_z = d_c * r[:, None]  # c = r·z, z = (vec X)ᵀW
-    d_W = flat.T @ d_z
-    grad = d_z @ W.T if d_X is None else torch.addmm(d_X.reshape(N, n * d), d_z, W.T)
+    # (the forms measured fastest on CPU: a wide-by-tall product transposed, and a product
+    # plus an in-place add rather than an out-of-place addmm, which copies its input first)
+    d_W = (d_z.T @ flat).T
+    grad = d_z @ W.T
+    if d_X is not None:
+        grad.add_(d_X.reshape(N, n * d))
     grad.view(N, n, d).addcmul_(pre[:, :, None], d_h[:, None, :])  # h = H_preᵀX
     # through r = (mean(X²) + ε)^(-1/2): dX += −(Σ_k dc_k·c_k)·r²/(n·d)·X
     coef = (d_c * c).sum(-1, keepdim=True).mul_(r[:, None].square()).div_(-(n * d))
