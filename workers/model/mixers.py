@@ -287,12 +287,15 @@ class MHCLite(DepthMixer):
         self.gates = nn.Parameter(torch.zeros(sub, 3))
 
     def begin(self, emb: torch.Tensor) -> dict[str, Any]:
-        return {"X": emb[:, :, None, :].repeat(1, 1, self.n, 1)}  # (B, T, n, d)
+        # The per-sublayer parameters split once: the gradients of one `unbind` are stacked in
+        # one go, where an index per sublayer would zero-fill the whole tensor for each.
+        params = list(zip(self.proj.unbind(0), self.gates.unbind(0), self.bias.unbind(0)))
+        return {"X": emb[:, :, None, :].repeat(1, 1, self.n, 1), "params": params}
 
     def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
         # The update after sublayer l−1 and the coefficients of sublayer l are one function
         # (`streams.transition`): see workers/model/streams.py for why.
-        params = (self.proj[l], self.gates[l], self.bias[l], self.perm_mats)
+        params = (*state["params"][l], self.perm_mats)
         if l == 0:
             h, state["H_res"], state["H_post"] = streams.enter(state["X"], *params)
         else:
