@@ -674,3 +674,26 @@ def test_depth_stack_refuses_out_of_order_use() -> None:
     mixer.input(state, 2)
     with pytest.raises(ValueError, match=r"use 1 is not in 3\.\.4"):
         mixer.input(state, 1)
+
+
+def test_depth_stack_workspace_is_bounded_and_keeps_the_latest_shapes() -> None:
+    """Buffers come back per shape (at most `keep` each), the total held never exceeds the
+    limit (the least recently used shapes go first), a buffer over a quarter of the limit is
+    never held, and a taken buffer is not handed out twice."""
+    from workers.model.depth_stack import _Workspace
+
+    cpu, f32 = torch.device("cpu"), torch.float32
+    ws = _Workspace(keep=2, limit=8192)  # bytes
+    a, b, c = (ws.take((512,), f32, cpu) for _ in range(3))  # 2 KiB each
+    ws.give(a, b, c)
+    assert ws.held == 4096  # two per shape
+    taken = [ws.take((512,), f32, cpu) for _ in range(3)]
+    assert {id(t) for t in taken[:2]} == {id(a), id(b)} and taken[2] is not c
+    assert ws.held == 0
+    ws.give(a, b)
+    ws.give(*(ws.take((256,), f32, cpu) for _ in range(2)))  # 6 KiB held
+    ws.give(*(ws.take((384,), f32, cpu) for _ in range(2)))  # 9 KiB: the oldest shape goes
+    assert ws.held == 5120 <= ws.limit
+    assert [key[0] for key in ws.free] == [(256,), (384,)]
+    ws.give(torch.empty(1024))  # 4 KiB, over a quarter of the limit
+    assert ws.held == 5120

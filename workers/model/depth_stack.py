@@ -35,6 +35,7 @@ backward are products (2·d each); its weighted add and value gradient are eleme
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -58,13 +59,16 @@ class _Workspace:
     faults on first touch, every step: at the benchmark shape that costs as much as the
     arithmetic on the buffer. Buffers go back here when the stack that took them is freed (the
     scratch of the backward pass as soon as the pass ends) and are taken again by the next
-    forward of the same shape. At most `keep` per shape are held: a training loop keeps the
-    previous step's graph alive while it runs the next forward. CUDA has its own caching
-    allocator, so only CPU buffers are kept."""
+    forward of the same shape. At most `keep` per shape are held (a training loop keeps the
+    previous step's graph alive while it runs the next forward) and at most `limit` bytes in
+    all: the shapes used least recently go first, so a worker that trains one candidate after
+    another holds only the latest ones' buffers. CUDA has its own caching allocator, so only
+    CPU buffers are kept."""
 
-    def __init__(self, keep: int = 2) -> None:
-        self.keep = keep
-        self.free: dict[tuple[Any, ...], list[torch.Tensor]] = {}
+    def __init__(self, keep: int = 2, limit: int = 512 << 20) -> None:
+        self.keep, self.limit = keep, limit
+        self.free: OrderedDict[tuple[Any, ...], list[torch.Tensor]] = OrderedDict()
+        self.held = 0  # bytes
         self.lock = threading.Lock()
 
     def take(
@@ -72,18 +76,30 @@ class _Workspace:
     ) -> torch.Tensor:
         if device.type == "cpu":
             with self.lock:
-                free = self.free.get((shape, dtype))
+                key = (shape, dtype)
+                free = self.free.get(key)
                 if free:
-                    return free.pop()
+                    self.free.move_to_end(key)
+                    t = free.pop()
+                    self.held -= t.nbytes
+                    return t
         return torch.empty(shape, dtype=dtype, device=device)
 
     def give(self, *tensors: torch.Tensor | None) -> None:
         with self.lock:
             for t in tensors:
-                if type(t) is torch.Tensor and t.device.type == "cpu":  # not a traced fake
-                    free = self.free.setdefault((tuple(t.shape), t.dtype), [])
-                    if len(free) < self.keep:
-                        free.append(t)
+                # (not a traced fake tensor, not a CUDA one, not one that would crowd out all)
+                if type(t) is not torch.Tensor or t.device.type != "cpu":
+                    continue
+                key = (tuple(t.shape), t.dtype)
+                free = self.free.setdefault(key, [])
+                self.free.move_to_end(key)
+                if len(free) < self.keep and t.nbytes <= self.limit // 4:
+                    free.append(t)
+                    self.held += t.nbytes
+            while self.held > self.limit:  # evict the least recently used shapes
+                _, evicted = self.free.popitem(last=False)
+                self.held -= sum(e.nbytes for e in evicted)
 
 
 WORKSPACE = _Workspace()

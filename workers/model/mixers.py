@@ -289,7 +289,8 @@ class MHCLite(DepthMixer):
     def begin(self, emb: torch.Tensor) -> dict[str, Any]:
         # The per-sublayer parameters split once: the gradients of one `unbind` are stacked in
         # one go, where an index per sublayer would zero-fill the whole tensor for each.
-        params = list(zip(self.proj.unbind(0), self.gates.unbind(0), self.bias.unbind(0)))
+        split = (self.proj.unbind(0), self.gates.unbind(0), self.bias.unbind(0))
+        params = list(zip(*split, strict=True))
         return {"X": emb[:, :, None, :].repeat(1, 1, self.n, 1), "params": params}
 
     def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
