@@ -125,13 +125,28 @@ class _AttnResBase(DepthMixer):
         r·v is never materialised (see `depth_attention`)."""
         return rms_scale(v) if self.key_norm else None
 
-    def query(self, l: int, newest: torch.Tensor | None = None) -> torch.Tensor:
-        q = self.queries[l]
-        if self.input_proj is not None and newest is not None:
+    def split(self) -> list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]]:
+        """Per sublayer (pseudo-query, input projection, key gain), split once per forward: the
+        gradients of one `unbind` are stacked in one go, where indexing a slice per sublayer
+        would zero-fill a gradient of the whole tensor for each."""
+        sub = self.n_sublayers
+        projs = self.input_proj.unbind(0) if self.input_proj is not None else [None] * sub
+        gains = self.key_gains.unbind(0) if self.key_gains is not None else [None] * sub
+        return list(zip(self.queries.unbind(0), projs, gains, strict=True))
+
+    def query(
+        self,
+        part: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        newest: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A sublayer's query from its `split` part; with the input projection, from the
+        newest source too."""
+        q, proj, gain = part
+        if proj is not None and newest is not None:
             state = rms_normalize(newest) if self.key_norm else newest
-            q = q + state @ self.input_proj[l].T  # (B, T, d)
-        if self.key_gains is not None:
-            q = q * self.key_gains[l]
+            q = q + state @ proj.T  # (B, T, d)
+        if gain is not None:
+            q = q * gain
         return q
 
     def _keys(self, keys: list[Key]) -> list[torch.Tensor] | None:
@@ -141,8 +156,13 @@ class _AttnResBase(DepthMixer):
         q = self.agg_query if self.agg_key_gain is None else self.agg_query * self.agg_key_gain
         return depth_attend(q, values, self._keys(keys), self.gate)
 
-    def attend(self, l: int, values: list[torch.Tensor], keys: list[Key]) -> torch.Tensor:
-        q = self.query(l, values[-1])
+    def attend(
+        self,
+        part: tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None],
+        values: list[torch.Tensor],
+        keys: list[Key],
+    ) -> torch.Tensor:
+        q = self.query(part, values[-1])
         return depth_attend(q, values, self._keys(keys), self.gate)
 
     def stack(self, emb: torch.Tensor, slots: int) -> DepthStack:
@@ -160,12 +180,12 @@ class FullAttnRes(_AttnResBase):
     def begin(self, emb: torch.Tensor) -> dict[str, Any]:
         if self.input_proj is None:
             return {"stack": self.stack(emb, self.n_sublayers + 1)}
-        return {"values": [emb], "keys": [self.key(emb)]}
+        return {"values": [emb], "keys": [self.key(emb)], "split": self.split()}
 
     def input(self, state: dict[str, Any], l: int) -> torch.Tensor:
         if "stack" in state:
             return state["stack"].attend(l)
-        return self.attend(l, state["values"], state["keys"])
+        return self.attend(state["split"][l], state["values"], state["keys"])
 
     def record(self, state: dict[str, Any], l: int, out: torch.Tensor) -> None:
         if "stack" in state:
