@@ -171,7 +171,8 @@ def depth_mixing_activation_bytes(
       the sources that stay (Full: all L + 1; Block: the embedding and the N blocks) live on a
       depth stack that keeps one fp32 weight per (use, stack source) — the L + 1 uses
       (sublayers and aggregation) times the stack's L + 1 or N + 1 sources — and Block's
-      running partial, a source of one sublayer only, keeps its fp32 logit and weight there.
+      running partial, a source of one sublayer only, keeps its fp32 logit (its weight sits
+      among the stack's, in the column of the block it will become).
       The input-dependent query keeps per use its fp32 logits and weights, the normalised
       newest state, the projected query and the query after the key gain (3·e·d per sublayer,
       plus a 1/rms). Without key norms no scales are kept. With full recomputation only the
@@ -196,7 +197,7 @@ def depth_mixing_activation_bytes(
             query = (3 * e * d + FP32) * cfg.n_sublayers
         else:
             partial_uses = cfg.n_sublayers - cfg.n_blocks if v == "block_attnres" else 0
-            weights = FP32 * (n_values * aggregation_sources(cfg) + 2 * partial_uses)
+            weights = FP32 * (n_values * aggregation_sources(cfg) + partial_uses)
             query = 0
         return (e * n_values * d + keys + weights + query) * sb
     if v == "mhc_lite":

@@ -697,3 +697,41 @@ def test_depth_stack_workspace_is_bounded_and_keeps_the_latest_shapes() -> None:
     assert [key[0] for key in ws.free] == [(256,), (384,)]
     ws.give(torch.empty(1024))  # 4 KiB, over a quarter of the limit
     assert ws.held == 5120
+
+
+@pytest.mark.parametrize("gate", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("key_norm", [True, False])
+def test_depth_stack_with_a_source_outside_it_equals_the_definition(
+    gate: str, key_norm: bool
+) -> None:
+    """The stack API itself: sources pushed between uses, a source outside the stack on some
+    uses, either gate, with or without key norms; values and the gradients of the queries,
+    the stack sources and the outside sources equal plain autograd (fp64)."""
+    from workers.model.depth_stack import DepthStack
+
+    gen = torch.Generator().manual_seed(7)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, dtype=torch.float64, generator=gen, requires_grad=True)
+
+    queries, first = rand(5, 8), rand(2, 3, 8)
+    pushed, outside = [rand(2, 3, 8) for _ in range(3)], [rand(2, 3, 8) for _ in range(3)]
+    # use: (sources pushed before it, outside source or None)
+    plan = [(0, 0), (0, None), (1, 1), (2, 2), (3, None)]
+
+    def scale(v: torch.Tensor) -> torch.Tensor | None:
+        return rms_scale(v) if key_norm else None
+
+    stack = DepthStack(queries, first, 4, key_norm, gate)
+    ours, ref = [], []
+    for use, (n_pushed, out) in enumerate(plan):
+        while stack.stack.n < n_pushed + 1:
+            stack.push(pushed[stack.stack.n - 1])
+        extra = None if out is None else outside[out]
+        ours.append(stack.attend(use, extra, None if extra is None else scale(extra)))
+        sources = [first, *pushed[:n_pushed]] + ([] if extra is None else [extra])
+        keys = [rms_normalize(v) if key_norm else v for v in sources]
+        logits = torch.stack([(k * queries[use]).sum(-1) for k in keys])
+        weights = logits.softmax(0) if gate == "softmax" else logits.sigmoid()
+        ref.append((weights[..., None] * torch.stack(sources)).sum(0))
+    assert_same_with_gradients(ours, ref, [queries, first, *pushed, *outside])

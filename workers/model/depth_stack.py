@@ -214,33 +214,38 @@ class _Stack:
 
     def attend(
         self, j: int, extra: torch.Tensor | None, extra_scale: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """Use j over the m sources pushed so far (and `extra`): its input h (B, T, d) and, for
-        the extra source, its logit and weight (B·T,). The last use closes the stack."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Use j over the m sources pushed so far (and `extra`): its input h (B, T, d) and the
+        extra source's logit (B·T,). The extra source takes the column of the next slot,
+        which no use up to j reads (Block AttnRes: the block its partial sum will become):
+        its logit and weight sit there. The last use closes the stack."""
         m = self.n
         self.uses = j + 1
         B, T, d = self.shape
         assert self.logits is not None
         with torch.autocast(self.V.device.type, enabled=False):
-            logits = self.logits[:, j, :m]
-            p = s = alpha = None
+            row = self.logits[:, j]  # (B·T, slots)
+            p = s = None
+            k = m
             if extra is not None:
+                if m == self.slots:
+                    raise ValueError("DepthStack: a source outside the stack needs a free slot")
                 p = upcast(extra.reshape(B * T, d))
                 s = (p @ self.Q[j][:, None]).squeeze(1)  # (B·T,)
                 if extra_scale is not None:
                     s = s * extra_scale.reshape(-1)
-                logits = torch.cat([logits, s[:, None]], dim=1)
-            weights = self._gate(logits)
+                row[:, m] = s
+                k = m + 1
+            weights = self._gate(row[:, :k])
             if self.A is not None:
-                self.A[:, j, :m] = weights[:, :m]
+                self.A[:, j, :k] = weights
             h = _combine(weights[:, :m].to(self.dtype), self.V[:, :m])
             if p is not None:
-                alpha = weights[:, m].contiguous()  # saved: not a view of all the weights
-                h.addcmul_(p.to(self.dtype), alpha[:, None].to(self.dtype))
+                h.addcmul_(p.to(self.dtype), weights[:, m:].to(self.dtype))
         if j == self.Q.shape[0] - 1:  # closed: the logits are spent
             WORKSPACE.give(self.logits)
             self.logits = None
-        return h.view(B, T, d), s, alpha
+        return h.view(B, T, d), s
 
     def _gate(self, logits: torch.Tensor) -> torch.Tensor:
         return logits.softmax(dim=-1) if self.gate == "softmax" else logits.sigmoid()
@@ -329,11 +334,11 @@ class _Attend(torch.autograd.Function):
         stack: _Stack,
         use: int,
     ) -> torch.Tensor:
-        h, s, alpha = stack.attend(use, extra, extra_scale)
+        h, s = stack.attend(use, extra, extra_scale)
         j, m = use, stack.n
         ctx.stack, ctx.j, ctx.m = stack, j, m
         ctx.has_extra = extra is not None
-        saved = [extra, extra_scale, s, alpha]
+        saved = [extra, extra_scale, s]
         if stack.logits is None:  # it closed the stack: the buffers every backward reads
             saved += [stack.V, stack.R, stack.A]  # are saved here, once
         ctx.save_for_backward(*saved)
@@ -343,7 +348,7 @@ class _Attend(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> Any:
         stack: _Stack = ctx.stack
         j, m = ctx.j, ctx.m
-        extra, extra_scale, s, alpha = ctx.saved_tensors[:4]
+        extra, extra_scale, s = ctx.saved_tensors[:3]
         G, DL, dQ = stack._grad_buffers()
         B, T, d = stack.shape
         g = upcast(grad).reshape(B * T, d)
@@ -353,19 +358,24 @@ class _Attend(torch.autograd.Function):
         # vᵢᵀg as a row times a matrix, (1, d)·(d, m): the form batched products run fastest
         dw = upcast(torch.bmm(g.to(stack.dtype)[:, None, :], V.transpose(1, 2)).squeeze(1))
         w = stack.A[:, j, :m]
+        p = alpha = dw_p = None
         if ctx.has_extra:
             p = upcast(extra.reshape(B * T, d))
-            dw = torch.cat([dw, torch.linalg.vecdot(p, g)[:, None]], dim=1)
-            w = torch.cat([w, alpha[:, None]], dim=1)
-        if stack.gate == "softmax":
-            dl = w * (dw - (w * dw).sum(-1, keepdim=True))
+            alpha = stack.A[:, j, m]
+            dw_p = torch.linalg.vecdot(p, g)
+        if stack.gate == "softmax":  # dl = α·(dw − Σ α·dw), over the stack and the extra
+            mean = (w * dw).sum(-1)
+            if alpha is not None:
+                mean.addcmul_(alpha, dw_p)
+            dl = w * (dw - mean[:, None])
         else:
             dl = dw * w * (1 - w)
-        DL[:, j, :m] = dl[:, :m]
-        if not ctx.has_extra:
+        DL[:, j, :m] = dl
+        if alpha is None:
             return (None,) * 5
+        assert p is not None and dw_p is not None
+        dl_p = alpha * (dw_p - mean) if stack.gate == "softmax" else dw_p * alpha * (1 - alpha)
         # the source outside the stack, s = r·(qᵀp): dp = α·g + dl·r·q − (dl·s·r/d)·r·p
-        dl_p = dl[:, m]
         q = stack.Q[j]
         dlr = dl_p if extra_scale is None else dl_p * extra_scale.reshape(-1)
         dp = g * alpha[:, None]
