@@ -1,6 +1,7 @@
 """Residual-variant language models built from `cost_model.ArchConfig`."""
 
 from workers.model.depth_attention import depth_attend, weighted_sum
+from workers.model.depth_stack import DepthStack
 from workers.model.layers import NORM_EPS, KVCache, rms_normalize
 from workers.model.lm import DepthscopeLM, build_model
 from workers.model.mixers import (
@@ -20,6 +21,7 @@ __all__ = [
     "BlockAttnRes",
     "DenseFormer",
     "DepthMixer",
+    "DepthStack",
     "DepthscopeLM",
     "FullAttnRes",
     "KVCache",

@@ -4,6 +4,10 @@ The key of a source is its parameter-free RMS normalisation k_i = r_i·v_i, r_i 
 learned key gain is folded into the query by the caller). Because r_i is a per-token scalar,
 qᵀk_i = r_i·(qᵀv_i): the normalised copy is never materialised, only r_i is kept (`rms_scale`).
 
+Full and Block AttnRes with static pseudo-queries run on `depth_stack.DepthStack`, which
+computes every logit of a source when the source is made; `depth_attend` serves the
+input-dependent query of the `attnres_input_query` ablation, whose logits exist only per use.
+
 `depth_attend` is a custom autograd function so that the backward pass keeps only the sources
 themselves (shared by every sublayer that attends to them), their scales and the weights —
 O(L·d) saved memory for Full AttnRes instead of the O(L²·d) a stack per sublayer would save. It
