@@ -28,8 +28,10 @@ function (see docs/architecture.md).
 FLOP counting: for stack sources every term is a matrix product — the logits and the weighted
 sum forward (2·d each per pair), and backward the weight gradients, the α-term, the query term
 and the queries' gradient (8·d per pair): exactly the analytic 4·d per pair forward and twice
-that backward. For the source outside the stack, the logit forward and the query gradient
-backward are products (2·d each); its weighted add and value gradient are element-wise.
+that backward — except that a sum with a single term (a use that sees one stack source, a
+source with one use) is an element-wise product. For the source outside the stack, the logit
+forward and the query gradient backward are products (2·d each); its weighted add and value
+gradient are element-wise.
 """
 
 from __future__ import annotations
