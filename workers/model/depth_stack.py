@@ -353,7 +353,9 @@ class _Attend(torch.autograd.Function):
         extra, extra_scale, s = ctx.saved_tensors[:3]
         G, DL, dQ = stack._grad_buffers()
         B, T, d = stack.shape
-        g = upcast(grad).reshape(B * T, d)
+        # (a broadcast gradient, zero strides, would send the batched products below down a
+        # per-token loop: made contiguous, which is free when it already is)
+        g = upcast(grad).contiguous().view(B * T, d)
         G[:, j] = g
         stack.done[j] = True
         V = stack.V[:, :m]

@@ -113,12 +113,15 @@ def _update_backward(
     return d_X, d_H, d_post, d_f
 
 
+# An incoming gradient may arrive broadcast (zero strides, e.g. from a sum): the batched
+# products then fall back to one product per token, so it is made contiguous first (free when
+# it already is).
 def _flat(t: torch.Tensor | None, *shape: int) -> torch.Tensor | None:
-    return None if t is None else t.reshape(*shape)
+    return None if t is None else t.contiguous().view(*shape)
 
 
 def _zeros_if_none(t: torch.Tensor | None, like: torch.Tensor, *shape: int) -> torch.Tensor:
-    return like.new_zeros(shape) if t is None else t.reshape(*shape)
+    return like.new_zeros(shape) if t is None else t.contiguous().view(*shape)
 
 
 class _Enter(torch.autograd.Function):
@@ -239,9 +242,7 @@ class _Update(torch.autograd.Function):
             H.reshape(N, n * n),
             post.reshape(N, n),
             f.reshape(N, d),
-            # the output's gradient arrives broadcast over the streams (the model sums them);
-            # a batched product over a zero-stride operand falls back to one product per token
-            d_out.reshape(N, n, d).contiguous(),
+            _flat(d_out, N, n, d),  # broadcast over the streams: the model sums them
         )
         return (
             d_X.view(B, T, n, d),
