@@ -2,7 +2,8 @@
 residual, measured side by side in one run (interleaved rounds, medians).
 
     python bench/variants.py [--n-layers 8 --d-model 256 --seq-len 256 --batch 8]
-                             [--rounds 5 --steps 5] [--device cpu|cuda] [--json FILE]
+                             [--rounds 5 --steps 5 --decode-rounds 3]
+                             [--device cpu|cuda] [--json FILE]
 
 Targets (CPU, L_b = 8, d = 256, T = 256): Block AttnRes (N = 4) ≤ 1.10, Full AttnRes ≤ 1.30,
 mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 × baseline decode.
@@ -23,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
-from workers.model import build_model
+from workers.model import DepthscopeLM, build_model
 
 TARGETS = {"block_attnres": 1.10, "full_attnres": 1.30, "mhc_lite": 1.30}
 DECODE_TARGET = 1.10
@@ -63,29 +64,37 @@ def step_timer(cfg: ArchConfig, batch: int, device: torch.device) -> Callable[[i
     return run
 
 
-def decode_timer(
-    cfg: ArchConfig, batch: int, schedule: str, device: torch.device, prompt: int, new: int
-) -> Callable[[int], float]:
-    """A closure timing the per-token decode latency after a prompt (KV cache)."""
-    model = build_model(cfg).to(device).eval()
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randint(0, cfg.vocab_size, (batch, prompt + new), generator=gen).to(device)
+def sharing_weights(cfg: ArchConfig, source: DepthscopeLM) -> DepthscopeLM:
+    """A model for `cfg` whose embedding, Transformer blocks, final norm and head are those of
+    `source` (the same tensors): two such models differ only in their residual wiring. Two
+    models built apart differ by up to ±5% in decode time from where their weights landed in
+    memory alone, which would bias a ratio as much as the wiring under test."""
+    model = build_model(cfg)
+    for name in ("tok_emb", "pos_emb", "blocks", "norm_f", "lm_head"):
+        setattr(model, name, getattr(source, name))
+    return model
 
-    def run(n: int) -> float:
-        times = []
-        for _ in range(n):
-            cache = model.new_cache()
-            model.step(x[:, :prompt], cache, schedule)
+
+def decode_round(
+    paths: dict[str, tuple[DepthscopeLM, str]], x: torch.Tensor, prompt: int, device: torch.device
+) -> dict[str, float]:
+    """Per-token decode latency of each (model, schedule) after a prompt (KV cache), the paths
+    decoding token by token in turn (the order reversed every token), so that drift of the
+    machine hits every path alike."""
+    caches = {}
+    for name, (model, schedule) in paths.items():
+        caches[name] = model.new_cache()
+        model.step(x[:, :prompt], caches[name], schedule)
+    spent = dict.fromkeys(paths, 0.0)
+    order = list(paths.items())
+    for t in range(prompt, x.shape[1]):
+        for name, (model, schedule) in order if t % 2 else reversed(order):
             _sync(device)
             start = time.perf_counter()
-            for t in range(prompt, prompt + new):
-                model.step(x[:, t : t + 1], cache, schedule)
+            model.step(x[:, t : t + 1], caches[name], schedule)
             _sync(device)
-            times.append((time.perf_counter() - start) / new)
-        return statistics.median(times)
-
-    run(1)
-    return run
+            spent[name] += time.perf_counter() - start
+    return {name: total / (x.shape[1] - prompt) for name, total in spent.items()}
 
 
 def main() -> int:
@@ -98,6 +107,9 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=4, help="N for Block AttnRes")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=3, help="training steps per timing")
+    parser.add_argument(
+        "--decode-rounds", type=int, default=3, help="decode rounds per training round"
+    )
     parser.add_argument("--decode-batch", type=int, default=8)
     parser.add_argument("--decode-tokens", type=int, default=32)
     parser.add_argument("--decode-prompt", type=int, default=64)
@@ -120,34 +132,24 @@ def main() -> int:
         "denseformer": base.replace(variant="denseformer"),
     }
     timers = {name: step_timer(cfg, args.batch, device) for name, cfg in variants.items()}
+    block = build_model(variants["block_attnres"]).to(device).eval()
     decoders = {
-        "baseline": decode_timer(
-            base, args.decode_batch, "sequential", device, args.decode_prompt, args.decode_tokens
-        ),
-        "block_attnres two_phase": decode_timer(
-            variants["block_attnres"],
-            args.decode_batch,
-            "two_phase",
-            device,
-            args.decode_prompt,
-            args.decode_tokens,
-        ),
-        "block_attnres sequential": decode_timer(
-            variants["block_attnres"],
-            args.decode_batch,
-            "sequential",
-            device,
-            args.decode_prompt,
-            args.decode_tokens,
-        ),
+        "baseline": (sharing_weights(base, block).to(device).eval(), "sequential"),
+        "block_attnres two_phase": (block, "two_phase"),
+        "block_attnres sequential": (block, "sequential"),
     }
+    gen = torch.Generator().manual_seed(0)
+    tokens = (args.decode_batch, args.decode_prompt + args.decode_tokens)
+    x_decode = torch.randint(0, base.vocab_size, tokens, generator=gen).to(device)
+    decode_round(decoders, x_decode, args.decode_prompt, device)  # warm-up
     train_times: dict[str, list[float]] = {k: [] for k in timers}
     decode_times: dict[str, list[float]] = {k: [] for k in decoders}
     for _ in range(args.rounds):  # interleaved: drift hits every variant alike
         for name, run in timers.items():
             train_times[name].append(run(args.steps))
-        for name, run in decoders.items():
-            decode_times[name].append(run(1))
+        for _ in range(args.decode_rounds):
+            for name, ms in decode_round(decoders, x_decode, args.decode_prompt, device).items():
+                decode_times[name].append(ms)
 
     def ratios(times: dict[str, list[float]], ref: str) -> dict[str, float]:
         # median over rounds of the per-round ratio: the pairs were measured side by side

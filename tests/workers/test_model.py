@@ -20,7 +20,14 @@ from cost_model import (
     training_memory,
 )
 from cost_model.depth import aggregation_sources, attended_sources_total
-from workers.model import BlockAttnRes, FullAttnRes, build_model, depth_attend, rms_normalize
+from workers.model import (
+    BlockAttnRes,
+    FullAttnRes,
+    build_model,
+    depth_attend,
+    depth_attention,
+    rms_normalize,
+)
 from workers.model import layers as layers_module
 from workers.model.depth_attention import rms_scale
 
@@ -312,8 +319,29 @@ def run_schedules(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, dict[s
 TWO_PHASE_SHAPES = [(3, 1), (3, 2), (3, 4), (4, 3), (5, 3), (4, 8), (6, 5)]  # (L_b, S)
 
 
+@pytest.fixture(params=["online", "per_block"])
+def two_phase_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Two-phase inference runs online (`OnlineDepth`) up to `ONLINE_LIMIT` state elements
+    and per block above it: each test below runs under both."""
+    if request.param == "per_block":
+        monkeypatch.setattr(depth_attention, "ONLINE_LIMIT", 0)
+    online = 0
+    real = depth_attention.OnlineDepth.__init__
+
+    def counting(self: object, *args: object) -> None:
+        nonlocal online
+        online += 1
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(depth_attention.OnlineDepth, "__init__", counting)
+    yield request.param
+    assert (online > 0) == (request.param == "online")  # the path under test was taken
+
+
 @pytest.mark.parametrize(("n_layers", "block_size"), TWO_PHASE_SHAPES)
-def test_two_phase_equals_sequential_in_prefill_and_decode(n_layers: int, block_size: int) -> None:
+def test_two_phase_equals_sequential_in_prefill_and_decode(
+    n_layers: int, block_size: int, two_phase_impl: str
+) -> None:
     """fp32: the depth path's output agrees to max abs 1e-5 in prefill and in token-by-token
     decode (S = 5 on 12 sublayers and S = 3 on 10 leave an uneven last block); the logits,
     after the final norm's 1/rms amplification, to 1e-4; both match the training forward."""
@@ -335,7 +363,7 @@ def test_two_phase_equals_sequential_in_prefill_and_decode(n_layers: int, block_
 
 
 @pytest.mark.parametrize(("n_layers", "block_size"), TWO_PHASE_SHAPES)
-def test_two_phase_is_exact_in_float64(n_layers: int, block_size: int) -> None:
+def test_two_phase_is_exact_in_float64(n_layers: int, block_size: int, two_phase_impl: str) -> None:
     """In fp64 the reordering leaves nothing but rounding: the schedules agree to 1e-12."""
     torch.manual_seed(0)
     model = build_model(make("block_attnres", block_size=block_size, n_layers=n_layers))
@@ -345,6 +373,46 @@ def test_two_phase_is_exact_in_float64(n_layers: int, block_size: int) -> None:
     out = run_schedules(model, idx)
     for key in ("prefill_logits", "decode_logits", "prefill_hidden", "decode_hidden"):
         assert (out["two_phase"][key] - out["sequential"][key]).abs().max() <= 1e-12, key
+
+
+def test_online_queries_follow_the_parameters() -> None:
+    """The online path derives its scaled queries once per parameter state: an in-place
+    update (an optimiser step), a loaded state and a replaced parameter are all seen."""
+    torch.manual_seed(0)
+    model = build_model(make("block_attnres", block_size=2, n_layers=3)).eval()
+    idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(1))
+    mixer = model.mixer
+
+    def agree() -> torch.Tensor:
+        two = model.step(idx, model.new_cache(), "two_phase")
+        torch.testing.assert_close(two, model.step(idx, model.new_cache(), "sequential"))
+        return two
+
+    first = agree()
+    with torch.no_grad():
+        mixer.queries[1] += 0.5  # in place, as an optimiser does
+    second = agree()
+    assert not torch.allclose(first, second)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["mixer.key_gains"] = state["mixer.key_gains"] * 2  # (sublayer 1 has a query)
+    model.load_state_dict(state)
+    third = agree()
+    assert not torch.allclose(second, third)
+    mixer.agg_query = torch.nn.Parameter(torch.full_like(mixer.agg_query, 0.3))
+    assert not torch.allclose(third, agree())
+
+
+def test_inference_then_training_on_one_model() -> None:
+    """`step` runs in inference mode; nothing it leaves behind (the depth stack's reused
+    buffers) may reach a later training step, which could not write to inference tensors."""
+    for variant in ("full_attnres", "block_attnres"):
+        model = build_model(make(variant))
+        idx = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))
+        for schedule in model.mixer.schedules:
+            model.step(idx, model.new_cache(), schedule)
+            _, loss = model(idx, idx)
+            assert loss is not None
+            loss.backward()
 
 
 def test_two_phase_is_refused_where_it_does_not_apply() -> None:

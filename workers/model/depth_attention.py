@@ -25,6 +25,8 @@ the logits and the query gradient are element-wise too.
 
 from __future__ import annotations
 
+import math
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -334,3 +336,90 @@ def merge_partial(
     if not torch.is_grad_enabled():
         return _merge_inference(h1, lse1, partial, query)
     return _Merge.apply(h1, lse1, partial, query)
+
+
+#: The online schedule keeps one (B·T, d) state per use: it serves inputs up to this many state
+#: elements (a decoding step); larger ones (a long prefill) take Phase 1 per block, whose memory
+#: is the N + 1 block sources and one block's S results, as Block AttnRes promises.
+ONLINE_LIMIT = 1 << 21
+#: softplus(t) = t beyond this, exact to e^−50 (torch's default of 20 drops 2e−9, visible in fp64)
+SOFTPLUS_EXACT = 50.0
+
+
+class OnlineDepth:
+    """Inference over depth with static queries, every use's Phase 1 kept online: Block
+    AttnRes's two-phase schedule with the fewest operations per token (decoding is bound by
+    their number, not by arithmetic).
+
+    `scaled`: from `scaled_queries` over every use's query (U, d), key gains folded in. Per use
+    u the state is o_u, the softmax-weighted mean of the sources pushed so far, and −lse_u,
+    their negated log-sum-exp. `push(v, f)` merges a finished source into every use from f on
+    at once: with t = s − lse, o ← o + σ(t)·(v − o) and −lse ← −lse − softplus(t), exact (the
+    joint softmax, written without exponentials that could overflow). `input(u)` is o_u;
+    `merged(u, p)` also takes in a source that only use u reads (the running partial; the
+    last block, for the aggregation) without changing the state. Keys are RMS-normalised:
+    s = qᵀv/√(|v|²/d + ε) = (√d·q)ᵀv / hypot(|v|, √(d·ε)). Memory: U·B·T·d, hence
+    `ONLINE_LIMIT`."""
+
+    def __init__(self, scaled: tuple[torch.Tensor, ...], first: torch.Tensor) -> None:
+        self.Qs, self.cols, self.c = scaled[0], scaled[1:-1], scaled[-1]
+        self.dtype = first.dtype
+        self.off = _autocast_off(first)
+        U, (B, T, d) = self.Qs.shape[0], first.shape
+        with self.off:
+            e = self._cast(first)
+            self.nlse = self._logits(self.Qs, e, self.c.new_zeros(())).neg_()  # (U, B, T)
+            self.nlse_cols = self.nlse.unsqueeze(-1).unbind(0)  # (B, T, 1) each, views
+            self.o = e.expand(U, B, T, d).clone()
+            self.inputs = self.o.unbind(0)  # (B, T, d) each, views
+
+    @staticmethod
+    def fits(uses: int, first: torch.Tensor) -> bool:
+        return uses * first.numel() <= ONLINE_LIMIT
+
+    def _cast(self, v: torch.Tensor) -> torch.Tensor:
+        # (a conversion to the same dtype is still an operation: skipped)
+        return v if v.dtype == self.Qs.dtype else v.to(self.Qs.dtype)
+
+    def _logits(self, Qs: torch.Tensor, v: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+        """(k, B, T): shift + the logits of v (B, T, d) for k scaled queries."""
+        B, T, d = v.shape
+        v = v.reshape(B * T, d)
+        hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1), self.c).view(B, T)
+        return torch.addcdiv(shift, torch.mm(Qs, v.T).view(-1, B, T), hyp)
+
+    def input(self, use: int) -> torch.Tensor:
+        h = self.inputs[use]
+        return h if h.dtype == self.dtype else h.to(self.dtype)
+
+    def merged(self, use: int, p: torch.Tensor) -> torch.Tensor:
+        with self.off:
+            v = self._cast(p)
+            norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
+            t = torch.addcdiv(self.nlse_cols[use], v @ self.cols[use], torch.hypot(norm, self.c))
+            h = torch.lerp(self.inputs[use], v, t.sigmoid_())
+        return h if h.dtype == self.dtype else h.to(self.dtype)
+
+    def push(self, value: torch.Tensor, first_use: int) -> None:
+        f = first_use
+        with self.off:
+            v = self._cast(value)
+            nlse = self.nlse[f:]
+            t = self._logits(self.Qs[f:], v, nlse)  # s − lse, (U − f, B, T)
+            nlse -= F.softplus(t, threshold=SOFTPLUS_EXACT)
+            self.o[f:].lerp_(v, t.sigmoid_().unsqueeze(-1))
+
+
+def scaled_queries(queries: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What `OnlineDepth` takes: the queries (U, d) times √d, then each of them as a (d, 1)
+    column, then √(d·ε) as a 0-d tensor."""
+    d = queries.shape[-1]
+    Qs = upcast(queries.detach()).mul(math.sqrt(d))
+    c = torch.full((), math.sqrt(d * layers.NORM_EPS), dtype=Qs.dtype, device=Qs.device)
+    return (Qs, *Qs.unsqueeze(-1).unbind(0), c)
+
+
+def _autocast_off(x: torch.Tensor) -> Any:
+    """Depth arithmetic stays in the sources' precision: autocast off (when it is on)."""
+    kind = x.device.type
+    return torch.autocast(kind, enabled=False) if torch.is_autocast_enabled(kind) else nullcontext()

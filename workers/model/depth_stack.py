@@ -85,13 +85,15 @@ class _Workspace:
                     t = free.pop()
                     self.held -= t.nbytes
                     return t
-        return torch.empty(shape, dtype=dtype, device=device)
+        with torch.inference_mode(False):  # a normal tensor: any later forward may reuse it
+            return torch.empty(shape, dtype=dtype, device=device)
 
     def give(self, *tensors: torch.Tensor | None) -> None:
         with self.lock:
             for t in tensors:
-                # (not a traced fake tensor, not a CUDA one, not one that would crowd out all)
-                if type(t) is not torch.Tensor or t.device.type != "cpu":
+                # (not a traced fake tensor, not a CUDA one, not one that would crowd out all,
+                # not an inference tensor, which a forward with autograd could not write to)
+                if type(t) is not torch.Tensor or t.device.type != "cpu" or t.is_inference():
                     continue
                 key = (tuple(t.shape), t.dtype)
                 free = self.free.setdefault(key, [])

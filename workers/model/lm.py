@@ -137,10 +137,13 @@ class DepthscopeLM(nn.Module):
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, idx: torch.Tensor, cache: KVCache, schedule: str | None = None) -> torch.Tensor:
         """Inference: run `idx` (B, T) after the `cache.pos` cached tokens; returns logits of
-        every new position and advances the cache. `schedule`: default the mixer's own."""
+        every new position and advances the cache. `schedule`: default the mixer's own.
+        Inference mode, not just no-grad: no view or version tracking on any operation, which
+        a decoding step (bound by the number of operations) feels; the cache and the logits
+        are inference tensors, not for autograd."""
         schedule = schedule or self.mixer.inference_schedule
         start, T = cache.pos, idx.shape[1]
         x = self._embed(idx, start)

@@ -24,10 +24,12 @@ from torch import nn
 from cost_model import ArchConfig
 from workers.model import streams
 from workers.model.depth_attention import (
+    OnlineDepth,
     block_phase1,
     depth_attend,
     merge_partial,
     rms_scale,
+    scaled_queries,
     weighted_sum,
 )
 from workers.model.depth_stack import DepthStack
@@ -119,6 +121,7 @@ class _AttnResBase(DepthMixer):
         self.input_proj = (
             nn.Parameter(torch.zeros(sub, d, d)) if cfg.variant == "attnres_input_query" else None
         )
+        self._scaled: Any = None  # see `online`
 
     def key(self, v: torch.Tensor) -> Key:
         """The source's key scale 1/rms (None when the raw sources are the keys): the key
@@ -165,13 +168,33 @@ class _AttnResBase(DepthMixer):
         q = self.query(part, values[-1])
         return depth_attend(q, values, self._keys(keys), self.gate)
 
-    def stack(self, emb: torch.Tensor, slots: int) -> DepthStack:
-        """Static queries (every variant but the input-dependent query): the sources go on a
-        `DepthStack` that serves every use, the aggregation last."""
+    def static_queries(self) -> torch.Tensor:
+        """(U, d): every use's query, the aggregation last, key gains folded in."""
         queries = torch.cat([self.queries, self.agg_query[None]])
         if self.key_gains is not None and self.agg_key_gain is not None:
             queries = queries * torch.cat([self.key_gains, self.agg_key_gain[None]])
-        return DepthStack(queries, emb, slots, self.key_norm, self.gate)
+        return queries
+
+    def stack(self, emb: torch.Tensor, slots: int) -> DepthStack:
+        """Static queries (every variant but the input-dependent query): the sources go on a
+        `DepthStack` that serves every use, the aggregation last."""
+        return DepthStack(self.static_queries(), emb, slots, self.key_norm, self.gate)
+
+    def online(self, emb: torch.Tensor) -> OnlineDepth:
+        """An `OnlineDepth` over the static queries (inference). The scaled queries are made
+        once per parameter state and reused while the parameters are the same tensors at the
+        same version (an optimiser step or a loaded state bumps it): derived from the
+        parameters, not state of a forward pass."""
+        params = (self.queries, self.agg_query, self.key_gains, self.agg_key_gain)
+        stamp = [(p, p._version) for p in params if p is not None]
+        cached = self._scaled
+        fresh = cached is not None and len(cached[0]) == len(stamp)
+        if fresh:
+            fresh = all(p is q and v == w for (p, v), (q, w) in zip(cached[0], stamp, strict=True))
+        if not fresh:
+            cached = (stamp, scaled_queries(self.static_queries()))
+            self._scaled = cached
+        return OnlineDepth(cached[1], emb)
 
 
 class FullAttnRes(_AttnResBase):
@@ -259,8 +282,12 @@ class BlockAttnRes(_AttnResBase):
         m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b)/(e^{m¹−m}·ℓ¹ + e^{s−m}). Exact, not an
         approximation: it equals the joint softmax, and it is differentiable, so it serves
         training as well as prefill and decoding. Softmax with static queries only."""
-        if self.input_proj is not None or self.gate != "softmax":
-            raise ValueError("schedule: two_phase needs static pseudo-queries and a softmax")
+        if self.input_proj is not None or self.gate != "softmax" or not self.key_norm:
+            raise ValueError(
+                "schedule: two_phase needs static pseudo-queries, a softmax and key norms"
+            )
+        if not torch.is_grad_enabled() and OnlineDepth.fits(self.n_sublayers + 1, emb):
+            return self._two_phase_online(emb, sublayer)
         values, keys = [emb], [rms_scale(emb)]
         all_queries = self.queries if self.key_gains is None else self.queries * self.key_gains
         for block in self.blocks():
@@ -277,6 +304,23 @@ class BlockAttnRes(_AttnResBase):
             values.append(partial)
             keys.append(rms_scale(partial))
         return self.aggregate(values, keys)
+
+    def _two_phase_online(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        """The same schedule for decoding-sized inputs: Phase 1 of every later block is
+        updated online as each block finishes (`OnlineDepth.push`, one batched update over all
+        later pseudo-queries), Phase 2 merges the partial as above (`OnlineDepth.merged`)."""
+        depth = self.online(emb)
+        L = self.n_sublayers
+        for block in self.blocks():
+            partial: torch.Tensor | None = None
+            for l in block:
+                h = depth.input(l) if partial is None else depth.merged(l, partial)
+                out = sublayer(l, h).to(emb.dtype)
+                partial = out if partial is None else partial + out
+            assert partial is not None
+            if block.stop < L:
+                depth.push(partial, block.stop)
+        return depth.merged(L, partial)  # the last block is the aggregation's last source
 
 
 class MHCLite(DepthMixer):
