@@ -22,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
+from workers import allocator
 from workers.data import load_corpus
 from workers.model import build_model
 from workers.train import TrainSpec, train
@@ -56,6 +57,7 @@ def main() -> int:
         arch=arch, budget_tokens=args.steps * 16 * 128, batch_size=16, n_evals=4, eval_batches=4
     )
     corpus = load_corpus()
+    allocator.for_training()  # as `train` sets it: the bare loop runs on the same heap
     ours, bare, evals = [], [], []
     for _ in range(args.rounds):
         result = train(spec, corpus=corpus)

@@ -3,7 +3,11 @@ residual, measured side by side in one run (interleaved rounds, medians).
 
     python bench/variants.py [--n-layers 8 --d-model 256 --seq-len 256 --batch 8]
                              [--rounds 5 --steps 5 --decode-rounds 3]
-                             [--device cpu|cuda] [--json FILE]
+                             [--device cpu|cuda] [--default-allocator] [--json FILE]
+
+The training steps run on the C heap as the trainer sets it (`workers.allocator`: freed
+memory kept for the next step); `--default-allocator` measures glibc's defaults instead.
+Decode: the paths take turns token by token on one set of Transformer weights.
 
 Targets (CPU, L_b = 8, d = 256, T = 256): Block AttnRes (N = 4) ≤ 1.10, Full AttnRes ≤ 1.30,
 mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 × baseline decode.
@@ -24,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
+from workers import allocator
 from workers.model import DepthscopeLM, build_model
 
 TARGETS = {"block_attnres": 1.10, "full_attnres": 1.30, "mhc_lite": 1.30}
@@ -115,10 +120,18 @@ def main() -> int:
     parser.add_argument("--decode-prompt", type=int, default=64)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int)
+    parser.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="leave the C heap as it is (the trainer tunes it: workers/allocator.py)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    heap = "glibc default"
+    if not args.default_allocator and allocator.for_training():
+        heap = "tuned for training, as the trainer runs"
     device = torch.device(args.device)
     base = ArchConfig(
         n_layers=args.n_layers, d_model=args.d_model, n_heads=args.n_heads, seq_len=args.seq_len
@@ -170,7 +183,7 @@ def main() -> int:
     )
     print(
         f"training step, L_b={args.n_layers} d={args.d_model} T={args.seq_len} batch={args.batch} "
-        f"device={device} (median of {args.rounds} interleaved rounds)"
+        f"device={device} (median of {args.rounds} interleaved rounds); C heap: {heap}"
     )
     print(f"{'variant':26} {'ms/step':>9} {'vs baseline':>12} {'target':>8}")
     rows = []
@@ -214,6 +227,7 @@ def main() -> int:
                 {
                     "benchmark": "variants",
                     "args": vars(args) | {"json": str(args.json)},
+                    "heap": heap,
                     "rows": rows,
                     "two_phase_vs_sequential": two_vs_seq,
                 },

@@ -22,6 +22,7 @@ import torch
 
 from cost_model import ArchConfig, CostInputError, param_count, tokens_for_budget
 from cost_model.flops import training_flops_per_token
+from workers import allocator
 from workers.data import Corpus, load_corpus
 from workers.model import build_model
 
@@ -280,6 +281,8 @@ def training_run(
             f"{spec.tokens_per_step} (batch_size × seq_len)",
         )
     device = resolve_device(spec.device)
+    allocator.for_training()  # every step reuses the pages of the one before
+    allocator.release()  # and this run's peak memory is its own
     torch.manual_seed(spec.seed)
     model = build_model(cfg).to(device)
     params = int(param_count(cfg).total)
