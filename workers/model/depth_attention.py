@@ -368,7 +368,7 @@ class OnlineDepth:
         U, (B, T, d) = self.Qs.shape[0], first.shape
         with self.off:
             e = self._cast(first)
-            self.nlse = self._logits(self.Qs, e, self.c.new_zeros(())).neg_()  # (U, B, T)
+            self.nlse = self._logits(self.Qs, e, None).neg_()  # (U, B, T)
             self.nlse_cols = self.nlse.unsqueeze(-1).unbind(0)  # (B, T, 1) each, views
             self.o = e.expand(U, B, T, d).clone()
             self.inputs = self.o.unbind(0)  # (B, T, d) each, views
@@ -381,12 +381,15 @@ class OnlineDepth:
         # (a conversion to the same dtype is still an operation: skipped)
         return v if v.dtype == self.Qs.dtype else v.to(self.Qs.dtype)
 
-    def _logits(self, Qs: torch.Tensor, v: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
-        """(k, B, T): shift + the logits of v (B, T, d) for k scaled queries."""
+    def _logits(
+        self, Qs: torch.Tensor, v: torch.Tensor, shift: torch.Tensor | None
+    ) -> torch.Tensor:
+        """(k, B, T): the logits of v (B, T, d) for k scaled queries, plus `shift`."""
         B, T, d = v.shape
         v = v.reshape(B * T, d)
         hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1), self.c).view(B, T)
-        return torch.addcdiv(shift, torch.mm(Qs, v.T).view(-1, B, T), hyp)
+        s = torch.mm(Qs, v.T).view(-1, B, T)
+        return s.div_(hyp) if shift is None else torch.addcdiv(shift, s, hyp)
 
     def input(self, use: int) -> torch.Tensor:
         h = self.inputs[use]
