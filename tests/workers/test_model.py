@@ -4,6 +4,7 @@ definitions hold (REFERENCE.md §1–2), and the model is causal, trainable and 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -373,6 +374,24 @@ def test_two_phase_is_exact_in_float64(n_layers: int, block_size: int, two_phase
     out = run_schedules(model, idx)
     for key in ("prefill_logits", "decode_logits", "prefill_hidden", "decode_hidden"):
         assert (out["two_phase"][key] - out["sequential"][key]).abs().max() <= 1e-12, key
+
+
+def test_kv_cache_is_written_in_place_and_grows_by_doubling() -> None:
+    """Appending a token writes it into the buffers (no copy of the cache per step); they grow
+    by doubling, never past the model's context; decoding still equals the forward."""
+    model = build_model(make("baseline", n_kv_heads=2)).eval()  # seq_len 32
+    idx = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(4))
+    cache = model.new_cache()
+    logits = [model.step(idx[:, :5], cache)]
+    seen = []  # (capacity, buffer) after each token
+    for t in range(5, 32):
+        logits.append(model.step(idx[:, t : t + 1], cache))
+        seen.append((cache.k[0].shape[2], cache.k[0].data_ptr()))
+    assert cache.k[0].shape == (2, 2, 32, 16)  # (B, H_kv, capacity, Dh)
+    assert sorted({c for c, _ in seen}) == [10, 20, 32]  # 5 → 10 → 20 → 32 (the context)
+    for (c0, b0), (c1, b1) in itertools.pairwise(seen):
+        assert (b0 == b1) == (c0 == c1)  # a new buffer only when the cache grows
+    torch.testing.assert_close(torch.cat(logits, 1), model(idx)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_online_queries_follow_the_parameters() -> None:

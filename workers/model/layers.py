@@ -72,15 +72,43 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 @dataclass
 class KVCache:
-    """Keys and values of every block for incremental decoding; `pos` tokens are cached."""
+    """Keys and values of every block for incremental decoding; `pos` tokens are cached.
+
+    Per block one buffer for the keys and one for the values, (B, H_kv, capacity, Dh), written
+    in place and grown by doubling (up to the model's context): appending a token costs the
+    token, not a copy of the whole cache as a concatenation per step would."""
 
     k: list[torch.Tensor | None] = field(default_factory=list)
     v: list[torch.Tensor | None] = field(default_factory=list)
     pos: int = 0
+    limit: int | None = None  # the model's context, the largest capacity worth allocating
 
     @classmethod
-    def empty(cls, n_layers: int) -> KVCache:
-        return cls([None] * n_layers, [None] * n_layers, 0)
+    def empty(cls, n_layers: int, limit: int | None = None) -> KVCache:
+        return cls([None] * n_layers, [None] * n_layers, 0, limit)
+
+    def append(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new tokens' keys and values (B, H_kv, T, Dh) at `pos`; returns every
+        cached key and value so far (views of the buffers)."""
+        start = self.pos
+        end = start + k.shape[2]
+        K, V = self.k[layer], self.v[layer]
+        if K is None or V is None or K.shape[2] < end:
+            capacity = max(end, 2 * K.shape[2] if K is not None else end)
+            if self.limit is not None:
+                capacity = max(end, min(capacity, self.limit))
+            B, H, _, Dh = k.shape
+            grown_k = k.new_empty(B, H, capacity, Dh)
+            grown_v = v.new_empty(B, H, capacity, v.shape[-1])
+            if K is not None and V is not None and start:
+                grown_k[:, :, :start] = K[:, :, :start]
+                grown_v[:, :, :start] = V[:, :, :start]
+            self.k[layer], self.v[layer] = K, V = grown_k, grown_v
+        K[:, :, start:end] = k
+        V[:, :, start:end] = v
+        return K[:, :, :end], V[:, :, :end]
 
 
 class CausalSelfAttention(nn.Module):
@@ -118,10 +146,7 @@ class CausalSelfAttention(nn.Module):
         past = 0
         if cache is not None:
             past = cache.pos
-            if cache.k[layer] is not None:
-                k = torch.cat((cache.k[layer], k), dim=2)  # type: ignore[arg-type]
-                v = torch.cat((cache.v[layer], v), dim=2)  # type: ignore[arg-type]
-            cache.k[layer], cache.v[layer] = k, v
+            k, v = cache.append(layer, k, v)
         y = self._attend(q, k, v, past)  # (B, H, T, Dh)
         return self.o(y.transpose(1, 2).reshape(B, T, C))
 

@@ -153,7 +153,7 @@ class DepthscopeLM(nn.Module):
         return self._logits(h)
 
     def new_cache(self) -> KVCache:
-        return KVCache.empty(self.cfg.n_layers)
+        return KVCache.empty(self.cfg.n_layers, self.cfg.seq_len)
 
 
 def build_model(cfg: ArchConfig, attn_impl: str = "sdpa") -> DepthscopeLM:
