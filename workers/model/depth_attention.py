@@ -346,32 +346,53 @@ ONLINE_LIMIT = 1 << 21
 SOFTPLUS_EXACT = 50.0
 
 
+class ScaledQueries:
+    """What `OnlineDepth` takes, derived once per parameter state: every use's query (U, d)
+    times √d (`Qs`) and negated (`neg`), each as a (d, 1) column, the tails Qs[f:] as they are
+    asked for, and √(d·ε) as a 0-d tensor."""
+
+    def __init__(self, queries: torch.Tensor) -> None:
+        d = queries.shape[-1]
+        self.Qs = upcast(queries.detach()).mul(math.sqrt(d))
+        self.neg = self.Qs.neg()
+        self.cols = self.Qs.unsqueeze(-1).unbind(0)
+        eps = math.sqrt(d * layers.NORM_EPS)
+        self.c = torch.full((), eps, dtype=self.Qs.dtype, device=self.Qs.device)
+        self._tails: dict[int, torch.Tensor] = {}
+
+    def tail(self, first_use: int) -> torch.Tensor:
+        t = self._tails.get(first_use)
+        if t is None:
+            t = self._tails[first_use] = self.Qs[first_use:]
+        return t
+
+
 class OnlineDepth:
     """Inference over depth with static queries, every use's Phase 1 kept online: Block
     AttnRes's two-phase schedule with the fewest operations per token (decoding is bound by
     their number, not by arithmetic).
 
-    `scaled`: from `scaled_queries` over every use's query (U, d), key gains folded in. Per use
-    u the state is o_u, the softmax-weighted mean of the sources pushed so far, and −lse_u,
-    their negated log-sum-exp. `push(v, f)` merges a finished source into every use from f on
-    at once: with t = s − lse, o ← o + σ(t)·(v − o) and −lse ← −lse − softplus(t), exact (the
-    joint softmax, written without exponentials that could overflow). `input(u)` is o_u;
-    `merged(u, p)` also takes in a source that only use u reads (the running partial; the
+    Per use u the state is o_u, the softmax-weighted mean of the sources pushed so far, and
+    −lse_u, their negated log-sum-exp. `push(v, f)` merges a finished source into every use
+    from f on at once: with t = s − lse, o ← o + σ(t)·(v − o) and −lse ← −lse − softplus(t),
+    exact (the joint softmax, written without exponentials that could overflow). `input(u)` is
+    o_u; `merged(u, p)` also takes in a source that only use u reads (the running partial; the
     last block, for the aggregation) without changing the state. Keys are RMS-normalised:
-    s = qᵀv/√(|v|²/d + ε) = (√d·q)ᵀv / hypot(|v|, √(d·ε)). Memory: U·B·T·d, hence
-    `ONLINE_LIMIT`."""
+    s = qᵀv/√(|v|²/d + ε) = (√d·q)ᵀv / hypot(|v|, √(d·ε)). Until the first push every o_u is
+    the first source itself, so the state is made by that push, for the uses after it.
+    Memory: U·B·T·d, hence `ONLINE_LIMIT`."""
 
-    def __init__(self, scaled: tuple[torch.Tensor, ...], first: torch.Tensor) -> None:
-        self.Qs, self.cols, self.c = scaled[0], scaled[1:-1], scaled[-1]
+    def __init__(self, queries: ScaledQueries, first: torch.Tensor) -> None:
+        self.q = queries
         self.dtype = first.dtype
         self.off = _autocast_off(first)
-        U, (B, T, d) = self.Qs.shape[0], first.shape
         with self.off:
-            e = self._cast(first)
-            self.nlse = self._logits(self.Qs, e, None).neg_()  # (U, B, T)
+            self.first = self._cast(first)
+            self.nlse = self._logits(queries.neg, self.first, None)  # (U, B, T)
             self.nlse_cols = self.nlse.unsqueeze(-1).unbind(0)  # (B, T, 1) each, views
-            self.o = e.expand(U, B, T, d).clone()
-            self.inputs = self.o.unbind(0)  # (B, T, d) each, views
+            self.o: torch.Tensor | None = None  # made by the first push
+            self.o_from = 0  # the use of o[0]
+            self.inputs: tuple[torch.Tensor, ...] = (self.first,) * queries.Qs.shape[0]
 
     @staticmethod
     def fits(uses: int, first: torch.Tensor) -> bool:
@@ -379,7 +400,8 @@ class OnlineDepth:
 
     def _cast(self, v: torch.Tensor) -> torch.Tensor:
         # (a conversion to the same dtype is still an operation: skipped)
-        return v if v.dtype == self.Qs.dtype else v.to(self.Qs.dtype)
+        dtype = self.q.Qs.dtype
+        return v if v.dtype == dtype else v.to(dtype)
 
     def _logits(
         self, Qs: torch.Tensor, v: torch.Tensor, shift: torch.Tensor | None
@@ -387,7 +409,7 @@ class OnlineDepth:
         """(k, B, T): the logits of v (B, T, d) for k scaled queries, plus `shift`."""
         B, T, d = v.shape
         v = v.reshape(B * T, d)
-        hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1), self.c).view(B, T)
+        hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1), self.q.c).view(B, T)
         s = torch.mm(Qs, v.T).view(-1, B, T)
         return s.div_(hyp) if shift is None else torch.addcdiv(shift, s, hyp)
 
@@ -396,10 +418,11 @@ class OnlineDepth:
         return h if h.dtype == self.dtype else h.to(self.dtype)
 
     def merged(self, use: int, p: torch.Tensor) -> torch.Tensor:
+        q = self.q
         with self.off:
             v = self._cast(p)
-            norm = torch.linalg.vector_norm(v, dim=-1, keepdim=True)
-            t = torch.addcdiv(self.nlse_cols[use], v @ self.cols[use], torch.hypot(norm, self.c))
+            hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1, keepdim=True), q.c)
+            t = torch.addcdiv(self.nlse_cols[use], v @ q.cols[use], hyp)
             h = torch.lerp(self.inputs[use], v, t.sigmoid_())
         return h if h.dtype == self.dtype else h.to(self.dtype)
 
@@ -408,18 +431,14 @@ class OnlineDepth:
         with self.off:
             v = self._cast(value)
             nlse = self.nlse[f:]
-            t = self._logits(self.Qs[f:], v, nlse)  # s − lse, (U − f, B, T)
+            t = self._logits(self.q.tail(f), v, nlse)  # s − lse, (U − f, B, T)
             nlse -= F.softplus(t, threshold=SOFTPLUS_EXACT)
-            self.o[f:].lerp_(v, t.sigmoid_().unsqueeze(-1))
-
-
-def scaled_queries(queries: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """What `OnlineDepth` takes: the queries (U, d) times √d, then each of them as a (d, 1)
-    column, then √(d·ε) as a 0-d tensor."""
-    d = queries.shape[-1]
-    Qs = upcast(queries.detach()).mul(math.sqrt(d))
-    c = torch.full((), math.sqrt(d * layers.NORM_EPS), dtype=Qs.dtype, device=Qs.device)
-    return (Qs, *Qs.unsqueeze(-1).unbind(0), c)
+            beta = t.sigmoid_().unsqueeze(-1)
+            if self.o is None:  # every later use's state so far is the first source
+                self.o, self.o_from = torch.lerp(self.first, v, beta), f
+                self.inputs = self.inputs[:f] + self.o.unbind(0)
+            else:
+                self.o[f - self.o_from :].lerp_(v, beta)
 
 
 def _autocast_off(x: torch.Tensor) -> Any:

@@ -25,11 +25,11 @@ from cost_model import ArchConfig
 from workers.model import streams
 from workers.model.depth_attention import (
     OnlineDepth,
+    ScaledQueries,
     block_phase1,
     depth_attend,
     merge_partial,
     rms_scale,
-    scaled_queries,
     weighted_sum,
 )
 from workers.model.depth_stack import DepthStack
@@ -185,15 +185,16 @@ class _AttnResBase(DepthMixer):
         once per parameter state and reused while the parameters are the same tensors at the
         same version (an optimiser step or a loaded state bumps it): derived from the
         parameters, not state of a forward pass."""
-        params = (self.queries, self.agg_query, self.key_gains, self.agg_key_gain)
-        stamp = [(p, p._version) for p in params if p is not None]
+        params = self._parameters  # (not the module's attribute lookup: this runs per token)
+        current = [params.get(k) for k in ("queries", "agg_query", "key_gains", "agg_key_gain")]
+        stamp = [(p, p._version) for p in current if p is not None]
         cached = self._scaled
-        fresh = cached is not None and len(cached[0]) == len(stamp)
-        if fresh:
-            fresh = all(p is q and v == w for (p, v), (q, w) in zip(cached[0], stamp, strict=True))
-        if not fresh:
-            cached = (stamp, scaled_queries(self.static_queries()))
-            self._scaled = cached
+        if (
+            cached is None
+            or len(cached[0]) != len(stamp)
+            or not all(p is q and v == w for (p, v), (q, w) in zip(cached[0], stamp, strict=True))
+        ):
+            cached = self._scaled = (stamp, ScaledQueries(self.static_queries()))
         return OnlineDepth(cached[1], emb)
 
 
