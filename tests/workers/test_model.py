@@ -419,6 +419,8 @@ def test_online_queries_follow_the_parameters() -> None:
     assert not torch.allclose(second, third)
     mixer.agg_query = torch.nn.Parameter(torch.full_like(mixer.agg_query, 0.3))
     assert not torch.allclose(third, agree())
+    model.double()  # the same parameters, their storage swapped
+    assert agree().dtype == torch.float64
 
 
 def test_inference_then_training_on_one_model() -> None:

@@ -182,17 +182,21 @@ class _AttnResBase(DepthMixer):
 
     def online(self, emb: torch.Tensor) -> OnlineDepth:
         """An `OnlineDepth` over the static queries (inference). The scaled queries are made
-        once per parameter state and reused while the parameters are the same tensors at the
-        same version (an optimiser step or a loaded state bumps it): derived from the
-        parameters, not state of a forward pass."""
+        once per parameter state and reused while the parameters are the same tensors, at the
+        same version (an optimiser step or a loaded state bumps it) and in the same storage
+        (`.to`, `.double()` swap it under the same parameter): derived from the parameters,
+        not state of a forward pass."""
         params = self._parameters  # (not the module's attribute lookup: this runs per token)
         current = [params.get(k) for k in ("queries", "agg_query", "key_gains", "agg_key_gain")]
-        stamp = [(p, p._version) for p in current if p is not None]
+        stamp = [(p, p._version, p.data_ptr()) for p in current if p is not None]
         cached = self._scaled
         if (
             cached is None
             or len(cached[0]) != len(stamp)
-            or not all(p is q and v == w for (p, v), (q, w) in zip(cached[0], stamp, strict=True))
+            or not all(
+                p is q and rest == other
+                for (p, *rest), (q, *other) in zip(cached[0], stamp, strict=True)
+            )
         ):
             cached = self._scaled = (stamp, ScaledQueries(self.static_queries()))
         return OnlineDepth(cached[1], emb)
