@@ -7,7 +7,9 @@ residual, measured side by side in one run (interleaved rounds, medians).
 
 The training steps run on the C heap as the trainer sets it (`workers.allocator`: freed
 memory kept for the next step); `--default-allocator` measures glibc's defaults instead.
-Decode: the paths take turns token by token on one set of Transformer weights.
+Decode: the paths take turns token by token on one set of Transformer weights; two-phase
+Block AttnRes runs on the compiled decoding kernels (workers/model/native.py) where they serve
+and, as a further row, on torch operations.
 
 Targets (CPU, L_b = 8, d = 256, T = 256): Block AttnRes (N = 4) ≤ 1.10, Full AttnRes ≤ 1.30,
 mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 × baseline decode.
@@ -16,6 +18,7 @@ mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -29,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
 from workers import allocator
-from workers.model import DepthscopeLM, build_model
+from workers.model import DepthscopeLM, build_model, native
 
 TARGETS = {"block_attnres": 1.10, "full_attnres": 1.30, "mhc_lite": 1.30}
 DECODE_TARGET = 1.10
@@ -80,25 +83,31 @@ def sharing_weights(cfg: ArchConfig, source: DepthscopeLM) -> DepthscopeLM:
     return model
 
 
+Path_ = tuple[DepthscopeLM, str, bool]  # model, depth schedule, compiled kernels allowed
+
+
 def decode_round(
-    paths: dict[str, tuple[DepthscopeLM, str]], x: torch.Tensor, prompt: int, device: torch.device
+    paths: dict[str, Path_], x: torch.Tensor, prompt: int, device: torch.device
 ) -> dict[str, float]:
-    """Per-token decode latency of each (model, schedule) after a prompt (KV cache), the paths
-    decoding token by token in turn (the order reversed every token), so that drift of the
-    machine hits every path alike."""
+    """Per-token decode latency of each (model, schedule, kernels) after a prompt (KV cache),
+    the paths decoding token by token in turn (the order reversed every token), so that drift
+    of the machine hits every path alike. `kernels` False: the torch operations instead of
+    the compiled decoding kernels (`workers.model.native`), switched outside the timing."""
     caches = {}
-    for name, (model, schedule) in paths.items():
+    for name, (model, schedule, kernels) in paths.items():
         caches[name] = model.new_cache()
-        model.step(x[:, :prompt], caches[name], schedule)
+        with contextlib.nullcontext() if kernels else native.disabled():
+            model.step(x[:, :prompt], caches[name], schedule)
     spent = dict.fromkeys(paths, 0.0)
     order = list(paths.items())
     for t in range(prompt, x.shape[1]):
-        for name, (model, schedule) in order if t % 2 else reversed(order):
-            _sync(device)
-            start = time.perf_counter()
-            model.step(x[:, t : t + 1], caches[name], schedule)
-            _sync(device)
-            spent[name] += time.perf_counter() - start
+        for name, (model, schedule, kernels) in order if t % 2 else reversed(order):
+            with contextlib.nullcontext() if kernels else native.disabled():
+                _sync(device)
+                start = time.perf_counter()
+                model.step(x[:, t : t + 1], caches[name], schedule)
+                _sync(device)
+                spent[name] += time.perf_counter() - start
     return {name: total / (x.shape[1] - prompt) for name, total in spent.items()}
 
 
@@ -147,9 +156,10 @@ def main() -> int:
     timers = {name: step_timer(cfg, args.batch, device) for name, cfg in variants.items()}
     block = build_model(variants["block_attnres"]).to(device).eval()
     decoders = {
-        "baseline": (sharing_weights(base, block).to(device).eval(), "sequential"),
-        "block_attnres two_phase": (block, "two_phase"),
-        "block_attnres sequential": (block, "sequential"),
+        "baseline": (sharing_weights(base, block).to(device).eval(), "sequential", True),
+        "block_attnres two_phase": (block, "two_phase", True),
+        "block_attnres two_phase, torch ops": (block, "two_phase", False),
+        "block_attnres sequential": (block, "sequential", True),
     }
     gen = torch.Generator().manual_seed(0)
     tokens = (args.decode_batch, args.decode_prompt + args.decode_tokens)
@@ -173,14 +183,16 @@ def main() -> int:
 
     train_ratio = ratios(train_times, "baseline")
     decode_ratio = ratios(decode_times, "baseline")
+    two_phase = decode_times["block_attnres two_phase"]
     two_vs_seq = statistics.median(
-        a / b
-        for a, b in zip(
-            decode_times["block_attnres two_phase"],
-            decode_times["block_attnres sequential"],
-            strict=True,
-        )
+        a / b for a, b in zip(two_phase, decode_times["block_attnres sequential"], strict=True)
     )
+    kernels_vs_ops = statistics.median(
+        a / b
+        for a, b in zip(two_phase, decode_times["block_attnres two_phase, torch ops"], strict=True)
+    )
+    lib = native.kernels() if device.type == "cpu" else None
+    kernels = f"compiled ({lib.path.name})" if lib else "not serving (torch operations)"
     print(
         f"training step, L_b={args.n_layers} d={args.d_model} T={args.seq_len} batch={args.batch} "
         f"device={device} (median of {args.rounds} interleaved rounds); C heap: {heap}"
@@ -205,12 +217,12 @@ def main() -> int:
         f"\ndecode, batch={args.decode_batch}, {args.decode_tokens} tokens "
         f"after a {args.decode_prompt}-token prompt"
     )
-    print(f"{'path':26} {'ms/token':>9} {'vs baseline':>12} {'target':>8}")
+    print(f"{'path':36} {'ms/token':>9} {'vs baseline':>12} {'target':>8}")
     for name in decoders:
         ms = statistics.median(decode_times[name]) * 1e3
         target = DECODE_TARGET if name == "block_attnres two_phase" else None
         goal = f"≤ {target:.2f}" if target else ""
-        print(f"{name:26} {ms:9.3f} {decode_ratio[name]:12.3f} {goal:>8}")
+        print(f"{name:36} {ms:9.3f} {decode_ratio[name]:12.3f} {goal:>8}")
         rows.append(
             {
                 "kind": "decode",
@@ -221,6 +233,7 @@ def main() -> int:
             }
         )
     print(f"two-phase / sequential (same Block AttnRes model): {two_vs_seq:.3f}")
+    print(f"two-phase, decoding kernels / torch ops: {kernels_vs_ops:.3f}; kernels: {kernels}")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -230,6 +243,8 @@ def main() -> int:
                     "heap": heap,
                     "rows": rows,
                     "two_phase_vs_sequential": two_vs_seq,
+                    "kernels_vs_torch_ops": kernels_vs_ops,
+                    "kernels": kernels,
                 },
                 indent=2,
             )

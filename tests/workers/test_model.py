@@ -4,8 +4,10 @@ definitions hold (REFERENCE.md §1–2), and the model is causal, trainable and 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -27,6 +29,7 @@ from workers.model import (
     build_model,
     depth_attend,
     depth_attention,
+    native,
     rms_normalize,
 )
 from workers.model import layers as layers_module
@@ -320,23 +323,31 @@ def run_schedules(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, dict[s
 TWO_PHASE_SHAPES = [(3, 1), (3, 2), (3, 4), (4, 3), (5, 3), (4, 8), (6, 5)]  # (L_b, S)
 
 
-@pytest.fixture(params=["online", "per_block"])
+@pytest.fixture(params=["native", "online", "per_block"])
 def two_phase_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Two-phase inference runs online (`OnlineDepth`) up to `ONLINE_LIMIT` state elements
-    and per block above it: each test below runs under both."""
+    """Two-phase inference runs online up to `ONLINE_LIMIT` state elements, on the compiled
+    kernels (`NativeDepth`) where they serve, else on torch operations (`OnlineDepth`), and
+    per block above the limit: each test below runs under all three, and checks that the
+    path under test was the one taken."""
     if request.param == "per_block":
         monkeypatch.setattr(depth_attention, "ONLINE_LIMIT", 0)
-    online = 0
-    real = depth_attention.OnlineDepth.__init__
+    if request.param == "native":
+        assert native.kernels() is not None, "the C compiler is part of the set-up"
+        switch = contextlib.nullcontext()
+    else:
+        switch = native.disabled()
+    made = {"native": 0, "online": 0}
+    for name, cls in (("native", native.NativeDepth), ("online", depth_attention.OnlineDepth)):
+        real = cls.__init__
 
-    def counting(self: object, *args: object) -> None:
-        nonlocal online
-        online += 1
-        real(self, *args)  # type: ignore[arg-type]
+        def counting(self: object, *args: object, _real: Any = real, _name: str = name) -> None:
+            made[_name] += 1
+            _real(self, *args)
 
-    monkeypatch.setattr(depth_attention.OnlineDepth, "__init__", counting)
-    yield request.param
-    assert (online > 0) == (request.param == "online")  # the path under test was taken
+        monkeypatch.setattr(cls, "__init__", counting)
+    with switch:
+        yield request.param
+    assert {k for k, n in made.items() if n} == ({request.param} - {"per_block"})
 
 
 @pytest.mark.parametrize(("n_layers", "block_size"), TWO_PHASE_SHAPES)

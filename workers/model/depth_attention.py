@@ -349,16 +349,17 @@ SOFTPLUS_EXACT = 50.0
 class ScaledQueries:
     """What `OnlineDepth` takes, derived once per parameter state: every use's query (U, d)
     times √d (`Qs`) and negated (`neg`), each as a (d, 1) column, the tails Qs[f:] as they are
-    asked for, and √(d·ε) as a 0-d tensor."""
+    asked for, and √(d·ε) as a 0-d tensor (`c`) and a float (`c_value`)."""
 
     def __init__(self, queries: torch.Tensor) -> None:
         d = queries.shape[-1]
         self.Qs = upcast(queries.detach()).mul(math.sqrt(d))
         self.neg = self.Qs.neg()
         self.cols = self.Qs.unsqueeze(-1).unbind(0)
-        eps = math.sqrt(d * layers.NORM_EPS)
-        self.c = torch.full((), eps, dtype=self.Qs.dtype, device=self.Qs.device)
+        self.c_value = math.sqrt(d * layers.NORM_EPS)
+        self.c = torch.full((), self.c_value, dtype=self.Qs.dtype, device=self.Qs.device)
         self._tails: dict[int, torch.Tensor] = {}
+        self.derived: dict[Any, Any] = {}  # what a consumer derives once (`native.NativeDepth`)
 
     def tail(self, first_use: int) -> torch.Tensor:
         t = self._tails.get(first_use)

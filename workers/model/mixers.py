@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from cost_model import ArchConfig
-from workers.model import streams
+from workers.model import native, streams
 from workers.model.depth_attention import (
     OnlineDepth,
     ScaledQueries,
@@ -34,6 +34,7 @@ from workers.model.depth_attention import (
 )
 from workers.model.depth_stack import DepthStack
 from workers.model.layers import rms_normalize
+from workers.model.native import NativeDepth
 
 Sublayer = Callable[[int, torch.Tensor], torch.Tensor]
 Key = torch.Tensor | None  # a source's key scale 1/rms (B, T); None: the raw value is the key
@@ -180,26 +181,26 @@ class _AttnResBase(DepthMixer):
         `DepthStack` that serves every use, the aggregation last."""
         return DepthStack(self.static_queries(), emb, slots, self.key_norm, self.gate)
 
-    def online(self, emb: torch.Tensor) -> OnlineDepth:
-        """An `OnlineDepth` over the static queries (inference). The scaled queries are made
+    def online(self, emb: torch.Tensor) -> OnlineDepth | NativeDepth:
+        """Inference over the static queries: `NativeDepth` (compiled kernels) on a CPU in
+        fp32/fp64 where they could be built, else `OnlineDepth`. The scaled queries are made
         once per parameter state and reused while the parameters are the same tensors, at the
         same version (an optimiser step or a loaded state bumps it) and in the same storage
         (`.to`, `.double()` swap it under the same parameter): derived from the parameters,
         not state of a forward pass."""
-        params = self._parameters  # (not the module's attribute lookup: this runs per token)
-        current = [params.get(k) for k in ("queries", "agg_query", "key_gains", "agg_key_gain")]
-        stamp = [(p, p._version, p.data_ptr()) for p in current if p is not None]
+        get = self._parameters.get  # (not the module's attribute lookup: this runs per token)
+        q, a, g, ag = get("queries"), get("agg_query"), get("key_gains"), get("agg_key_gain")
+        stamp = (id(q), q._version, q.data_ptr(), id(a), a._version, a.data_ptr())
+        if g is not None and ag is not None:
+            stamp += (id(g), g._version, g.data_ptr(), id(ag), ag._version, ag.data_ptr())
         cached = self._scaled
-        if (
-            cached is None
-            or len(cached[0]) != len(stamp)
-            or not all(
-                p is q and rest == other
-                for (p, *rest), (q, *other) in zip(cached[0], stamp, strict=True)
-            )
-        ):
-            cached = self._scaled = (stamp, ScaledQueries(self.static_queries()))
-        return OnlineDepth(cached[1], emb)
+        if cached is None or cached[0] != stamp:
+            # (the parameters are kept with the stamp: their ids cannot be reused meanwhile)
+            cached = self._scaled = (stamp, (q, a, g, ag), ScaledQueries(self.static_queries()))
+        queries = cached[2]
+        if native.serves(queries, emb):
+            return NativeDepth(queries, emb)
+        return OnlineDepth(queries, emb)
 
 
 class FullAttnRes(_AttnResBase):
