@@ -7,9 +7,9 @@ residual, measured side by side in one run (interleaved rounds, medians).
 
 The training steps run on the C heap as the trainer sets it (`workers.allocator`: freed
 memory kept for the next step); `--default-allocator` measures glibc's defaults instead.
-Decode: the paths take turns token by token on one set of Transformer weights; two-phase
-Block AttnRes runs on the compiled decoding kernels (workers/model/native.py) where they serve
-and, as a further row, on torch operations.
+Decode: the paths take turns token by token on one set of Transformer weights; the two-phase
+schedule (Block AttnRes, and Full AttnRes as its S = 1 case) runs on the compiled decoding
+kernels (workers/model/native.py) where they serve and, as a further row, on torch operations.
 
 Targets (CPU, L_b = 8, d = 256, T = 256): Block AttnRes (N = 4) ≤ 1.10, Full AttnRes ≤ 1.30,
 mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 × baseline decode.
@@ -155,11 +155,14 @@ def main() -> int:
     }
     timers = {name: step_timer(cfg, args.batch, device) for name, cfg in variants.items()}
     block = build_model(variants["block_attnres"]).to(device).eval()
+    full = sharing_weights(variants["full_attnres"], block).to(device).eval()
     decoders = {
         "baseline": (sharing_weights(base, block).to(device).eval(), "sequential", True),
         "block_attnres two_phase": (block, "two_phase", True),
         "block_attnres two_phase, torch ops": (block, "two_phase", False),
         "block_attnres sequential": (block, "sequential", True),
+        "full_attnres two_phase": (full, "two_phase", True),
+        "full_attnres sequential": (full, "sequential", True),
     }
     gen = torch.Generator().manual_seed(0)
     tokens = (args.decode_batch, args.decode_prompt + args.decode_tokens)

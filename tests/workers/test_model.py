@@ -447,10 +447,37 @@ def test_inference_then_training_on_one_model() -> None:
             loss.backward()
 
 
-def test_two_phase_is_refused_where_it_does_not_apply() -> None:
-    model = build_model(make("full_attnres"))
+@pytest.mark.parametrize(
+    "variant", ["attnres_input_query", "attnres_sigmoid", "attnres_no_key_norm"]
+)
+def test_two_phase_is_refused_where_it_does_not_apply(variant: str) -> None:
+    """The ablations (an input-dependent query, a sigmoid, raw keys) have no two-phase form:
+    they decode sequentially by default and refuse the schedule when asked for it."""
+    model = build_model(make(variant))
+    assert model.mixer.inference_schedule == "sequential"
     with pytest.raises(ValueError, match="schedule"):
         model.step(torch.zeros(1, 4, dtype=torch.long), model.new_cache(), "two_phase")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_layers", [2, 3, 5])
+def test_full_attnres_two_phase_equals_sequential(
+    n_layers: int, dtype: torch.dtype, two_phase_impl: str
+) -> None:
+    """Full AttnRes decodes on the same schedule with one sublayer per block (its default):
+    prefill and token-by-token decode equal the depth stack's sequential path, fp32 to 1e-5
+    and fp64 to 1e-12, and the training forward."""
+    torch.manual_seed(n_layers)
+    model = build_model(make("full_attnres", n_layers=n_layers)).to(dtype).eval()
+    assert model.mixer.inference_schedule == "two_phase"
+    perturb(model.mixer, 1.0, seed=n_layers)
+    idx = torch.randint(0, 256, (2, 22), generator=torch.Generator().manual_seed(5))
+    out = run_schedules(model, idx)
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    for key in ("prefill_hidden", "decode_hidden"):
+        assert (out["two_phase"][key] - out["sequential"][key]).abs().max() <= tol, key
+    both = torch.cat([out["two_phase"]["prefill_logits"], out["two_phase"]["decode_logits"]], 1)
+    torch.testing.assert_close(both, model(idx)[0], rtol=1e-4, atol=1e-3)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

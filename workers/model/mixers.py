@@ -5,7 +5,7 @@ The contract: `begin(emb)` makes the per-forward state from the token embedding;
 `input(state, l)` is the input h_l of sublayer l (0-based, L = 2·L_b sublayers, attention
 then MLP per block); `record(state, l, out)` takes the sublayer's output f_l(h_l);
 `finish(state)` is the hidden state handed to the final norm. `run` drives the loop and may be
-overridden by a schedule that reorders the work (Block AttnRes's two-phase inference). A mixer
+overridden by a schedule that reorders the work (AttnRes's two-phase inference). A mixer
 holds parameters but no state between forward passes, so one model serves concurrent batches.
 Sources are kept in the embedding's dtype (fp32 under autocast), as a residual stream is.
 """
@@ -123,6 +123,13 @@ class _AttnResBase(DepthMixer):
             nn.Parameter(torch.zeros(sub, d, d)) if cfg.variant == "attnres_input_query" else None
         )
         self._scaled: Any = None  # see `online`
+        self.block_size = 1  # Full AttnRes: every sublayer's output is a source of its own
+        if self.input_proj is None and self.gate == "softmax" and self.key_norm:
+            # Training keeps the plain sequential path (measured faster in a whole training
+            # step on a CPU); the two-phase schedule, also differentiable and tested equal,
+            # serves inference.
+            self.schedules = ("sequential", "two_phase")
+            self.inference_schedule = "two_phase"
 
     def key(self, v: torch.Tensor) -> Key:
         """The source's key scale 1/rms (None when the raw sources are the keys): the key
@@ -202,6 +209,71 @@ class _AttnResBase(DepthMixer):
             return NativeDepth(queries, emb)
         return OnlineDepth(queries, emb)
 
+    def blocks(self) -> list[range]:
+        S, L = self.block_size, self.n_sublayers
+        return [range(s, min(s + S, L)) for s in range(0, L, S)]
+
+    def run(
+        self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"
+    ) -> torch.Tensor:
+        if schedule != "two_phase" or schedule not in self.schedules:
+            return super().run(emb, sublayer, schedule)  # (which refuses it)
+        return self._two_phase(emb, sublayer)
+
+    def _two_phase(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        """Attention Residuals §4, Algorithm 1 (with the pre-update partial in the merge).
+
+        Phase 1: the pseudo-queries of a block do not depend on the input, so all of them
+        attend to the finished blocks in one batched pass, keeping per query the normalised
+        result h¹ and its log-sum-exp ℓ¹ (`block_phase1`). Phase 2: walk the block; the only new
+        source of its i-th sublayer (i ≥ 2) is the partial b_n^{i−1}, merged online:
+        h = h¹ + σ(s − ℓ¹)·(b − h¹) with s = qᵀRMSNorm(b) (`merge_partial`) — the same as
+        m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b)/(e^{m¹−m}·ℓ¹ + e^{s−m}). Exact, not an
+        approximation: it equals the joint softmax, and it is differentiable, so it serves
+        training as well as prefill and decoding. Softmax with static queries only (`run`
+        refuses it to the ablations).
+
+        Full AttnRes is the case S = 1 (no partials): there only the online form differs from
+        the sequential path; per-block Phase 1 would stack every source again for each
+        sublayer, so above `ONLINE_LIMIT` (or with gradients) the depth stack serves it."""
+        if not torch.is_grad_enabled() and OnlineDepth.fits(self.n_sublayers + 1, emb):
+            return self._two_phase_online(emb, sublayer)
+        if self.block_size == 1:
+            return super().run(emb, sublayer, "sequential")
+        values, keys = [emb], [rms_scale(emb)]
+        all_queries = self.queries if self.key_gains is None else self.queries * self.key_gains
+        for block in self.blocks():
+            queries = all_queries[block.start : block.stop]  # (S, d)
+            h1, lse1 = block_phase1(queries, values, keys)  # S × (B, T, d), S × (B, T)
+            partial: torch.Tensor | None = None
+            for i, l in enumerate(block):
+                h = h1[i]
+                if partial is not None:
+                    h = merge_partial(h, lse1[i], partial, queries[i])
+                out = sublayer(l, h.to(emb.dtype)).to(emb.dtype)
+                partial = out if partial is None else partial + out
+            assert partial is not None
+            values.append(partial)
+            keys.append(rms_scale(partial))
+        return self.aggregate(values, keys)
+
+    def _two_phase_online(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
+        """The same schedule for decoding-sized inputs: Phase 1 of every later block is
+        updated online as each block finishes (`OnlineDepth.push`, one batched update over all
+        later pseudo-queries), Phase 2 merges the partial as above (`OnlineDepth.merged`)."""
+        depth = self.online(emb)
+        L = self.n_sublayers
+        for block in self.blocks():
+            partial: torch.Tensor | None = None
+            for l in block:
+                h = depth.input(l) if partial is None else depth.merged(l, partial)
+                out = sublayer(l, h).to(emb.dtype)
+                partial = out if partial is None else partial + out
+            assert partial is not None
+            if block.stop < L:
+                depth.push(partial, block.stop)
+        return depth.merged(L, partial)  # the last block is the aggregation's last source
+
 
 class FullAttnRes(_AttnResBase):
     """Full AttnRes: sublayer l attends to v_0 (the embedding) and every earlier output."""
@@ -237,19 +309,10 @@ class BlockAttnRes(_AttnResBase):
     (b_n^0 = 0 is never a source). A block's representation is the sum of its outputs.
     """
 
-    schedules = ("sequential", "two_phase")
-    # Training keeps the plain sequential path (measured faster in a whole training step on a
-    # CPU); the two-phase schedule, also differentiable and tested equal, serves inference.
-    inference_schedule = "two_phase"
-
     def __init__(self, cfg: ArchConfig) -> None:
         super().__init__(cfg)
         assert cfg.block_size is not None
         self.block_size = cfg.block_size
-
-    def blocks(self) -> list[range]:
-        S, L = self.block_size, self.n_sublayers
-        return [range(s, min(s + S, L)) for s in range(0, L, S)]
 
     def begin(self, emb: torch.Tensor) -> dict[str, Any]:
         stack = self.stack(emb, len(self.blocks()) + 1)
@@ -269,64 +332,6 @@ class BlockAttnRes(_AttnResBase):
 
     def finish(self, state: dict[str, Any]) -> torch.Tensor:
         return state["stack"].attend(self.n_sublayers)
-
-    def run(
-        self, emb: torch.Tensor, sublayer: Sublayer, schedule: str = "sequential"
-    ) -> torch.Tensor:
-        if schedule != "two_phase":
-            return super().run(emb, sublayer, schedule)
-        return self._two_phase(emb, sublayer)
-
-    def _two_phase(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
-        """Attention Residuals §4, Algorithm 1 (with the pre-update partial in the merge).
-
-        Phase 1: the pseudo-queries of a block do not depend on the input, so all of them
-        attend to the finished blocks in one batched pass, keeping per query the normalised
-        result h¹ and its log-sum-exp ℓ¹ (`block_phase1`). Phase 2: walk the block; the only new
-        source of its i-th sublayer (i ≥ 2) is the partial b_n^{i−1}, merged online:
-        h = h¹ + σ(s − ℓ¹)·(b − h¹) with s = qᵀRMSNorm(b) (`merge_partial`) — the same as
-        m = max(m¹, s), h = (e^{m¹−m}·o¹ + e^{s−m}·b)/(e^{m¹−m}·ℓ¹ + e^{s−m}). Exact, not an
-        approximation: it equals the joint softmax, and it is differentiable, so it serves
-        training as well as prefill and decoding. Softmax with static queries only."""
-        if self.input_proj is not None or self.gate != "softmax" or not self.key_norm:
-            raise ValueError(
-                "schedule: two_phase needs static pseudo-queries, a softmax and key norms"
-            )
-        if not torch.is_grad_enabled() and OnlineDepth.fits(self.n_sublayers + 1, emb):
-            return self._two_phase_online(emb, sublayer)
-        values, keys = [emb], [rms_scale(emb)]
-        all_queries = self.queries if self.key_gains is None else self.queries * self.key_gains
-        for block in self.blocks():
-            queries = all_queries[block.start : block.stop]  # (S, d)
-            h1, lse1 = block_phase1(queries, values, keys)  # S × (B, T, d), S × (B, T)
-            partial: torch.Tensor | None = None
-            for i, l in enumerate(block):
-                h = h1[i]
-                if partial is not None:
-                    h = merge_partial(h, lse1[i], partial, queries[i])
-                out = sublayer(l, h.to(emb.dtype)).to(emb.dtype)
-                partial = out if partial is None else partial + out
-            assert partial is not None
-            values.append(partial)
-            keys.append(rms_scale(partial))
-        return self.aggregate(values, keys)
-
-    def _two_phase_online(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
-        """The same schedule for decoding-sized inputs: Phase 1 of every later block is
-        updated online as each block finishes (`OnlineDepth.push`, one batched update over all
-        later pseudo-queries), Phase 2 merges the partial as above (`OnlineDepth.merged`)."""
-        depth = self.online(emb)
-        L = self.n_sublayers
-        for block in self.blocks():
-            partial: torch.Tensor | None = None
-            for l in block:
-                h = depth.input(l) if partial is None else depth.merged(l, partial)
-                out = sublayer(l, h).to(emb.dtype)
-                partial = out if partial is None else partial + out
-            assert partial is not None
-            if block.stop < L:
-                depth.push(partial, block.stop)
-        return depth.merged(L, partial)  # the last block is the aggregation's last source
 
 
 class MHCLite(DepthMixer):
