@@ -5,6 +5,8 @@ definitions hold (REFERENCE.md §1–2), and the model is causal, trainable and 
 from __future__ import annotations
 
 import contextlib
+import copy
+import io
 import itertools
 import math
 from typing import Any
@@ -432,6 +434,20 @@ def test_online_queries_follow_the_parameters() -> None:
     assert not torch.allclose(third, agree())
     model.double()  # the same parameters, their storage swapped
     assert agree().dtype == torch.float64
+
+
+def test_a_model_that_decoded_copies_and_saves() -> None:
+    """What decoding derives (the scaled queries, the kernels' plans) is not part of the
+    model: a deep copy and a saved model decode the same as the original."""
+    model = build_model(make("block_attnres", block_size=2)).eval()
+    perturb(model.mixer, 1.0)
+    idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(3))
+    first = model.step(idx, model.new_cache())
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    buf.seek(0)
+    for other in (copy.deepcopy(model), torch.load(buf, weights_only=False)):
+        torch.testing.assert_close(other.step(idx, other.new_cache()), first)
 
 
 def test_inference_then_training_on_one_model() -> None:

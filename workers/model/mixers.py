@@ -131,6 +131,11 @@ class _AttnResBase(DepthMixer):
             self.schedules = ("sequential", "two_phase")
             self.inference_schedule = "two_phase"
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The scaled queries are derived per process (their plans hold the loaded kernels):
+        # a copy or a pickle starts without them.
+        return {**super().__getstate__(), "_scaled": None}
+
     def key(self, v: torch.Tensor) -> Key:
         """The source's key scale 1/rms (None when the raw sources are the keys): the key
         r·v is never materialised (see `depth_attention`)."""
