@@ -195,6 +195,19 @@ def test_without_a_compiler_decoding_uses_torch_operations(
     assert list(tmp_path.iterdir()) == []  # nothing half-built left
 
 
+def test_an_unusable_cache_folder_means_torch_operations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_kernels: None
+) -> None:
+    """A cache folder that cannot be made: one warning naming it, no kernels, and no
+    library looked for elsewhere."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("DEPTHSCOPE_CACHE", str(blocker / "cache"))
+    with pytest.warns(RuntimeWarning, match="DEPTHSCOPE_CACHE"):
+        assert native.kernels() is None
+    assert not native.serves(ScaledQueries(torch.randn(3, 8)), torch.randn(2, 1, 8))
+
+
 def test_switched_off_by_the_environment(
     monkeypatch: pytest.MonkeyPatch, fresh_kernels: None
 ) -> None:

@@ -1,5 +1,6 @@
-"""Block AttnRes decoding on the CPU with compiled kernels: `OnlineDepth`'s arithmetic fused
-per token (`online_depth.c`), built with the machine's C compiler on first use.
+"""AttnRes decoding on the CPU with compiled kernels (the two-phase schedule's online form:
+Block AttnRes, and Full AttnRes as its S = 1 case): `OnlineDepth`'s arithmetic fused per
+token (`online_depth.c`), built with the machine's C compiler on first use.
 
 Why: a decoding step on a CPU is bound by the number of operations, and after every
 Transformer sublayer (whose weights stream through the cache) each further operation starts
@@ -9,8 +10,10 @@ each is one call into a loop over the tokens.
 The library is built once per source, compiler and machine into a cache folder
 (`$DEPTHSCOPE_CACHE`, else `$XDG_CACHE_HOME/depthscope`, else `~/.cache/depthscope`), written
 to a temporary name and renamed, so concurrent processes never load a half-written file.
-Where it cannot be built (no compiler) or `DEPTHSCOPE_NATIVE=0`, `kernels()` is None and the
-torch operations of `OnlineDepth` serve, after one warning. CPU tensors in fp32 or fp64 only;
+Where it cannot be built (no compiler, a cache folder that cannot be made) or with
+`DEPTHSCOPE_NATIVE=0`, `kernels()` is None and the torch operations of `OnlineDepth` serve,
+after one warning (none for the switch). There is no shared fallback folder: a library found
+in one could be anybody's. CPU tensors in fp32 or fp64 only;
 every other device and dtype takes `OnlineDepth`.
 """
 
@@ -23,7 +26,6 @@ import hashlib
 import os
 import platform
 import subprocess
-import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -95,12 +97,8 @@ def build(folder: Path | None = None) -> Path:
         return target
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except OSError:  # an unwritable cache: build beside the other temporary files
-        folder = Path(tempfile.gettempdir()) / "depthscope"
-        folder.mkdir(parents=True, exist_ok=True)
-        target = folder / target.name
-        if target.exists():
-            return target
+    except OSError as exc:
+        raise RuntimeError(f"cache folder {folder}: {exc} (set DEPTHSCOPE_CACHE)") from exc
     partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     try:
         done = subprocess.run(
@@ -110,6 +108,7 @@ def build(folder: Path | None = None) -> Path:
             timeout=120,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
+        partial.unlink(missing_ok=True)
         raise RuntimeError(f"{cc}: {exc}") from exc
     if done.returncode != 0:
         partial.unlink(missing_ok=True)
