@@ -53,7 +53,31 @@ class Settings(BaseSettings):
     max_seeds: int = Field(default=5, ge=1)
     max_candidates_enumerated: int = Field(default=200_000, ge=1)
     max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    # Operator limits on one job; a spec over any is refused with the field, value and limit.
+    max_budget_tokens: float = Field(default=1e13, gt=0)  # training tokens per candidate
+    max_job_flops: float = Field(default=1e24, gt=0)  # estimated compute of a whole job
+    max_params: float = Field(default=1e11, gt=0)  # parameters of one candidate
+    max_n_layers: int = Field(default=512, ge=1)
+    max_d_model: int = Field(default=32768, ge=1)
+    max_seq_len: int = Field(default=131072, ge=2)
+    max_batch_size: int = Field(default=4096, ge=1)
+    max_threads: int = Field(default=64, ge=1)  # torch threads (CPUs) one trial asks for
+    max_axis_values: int = Field(default=10_000, ge=1)  # values of one searched axis
+    # Corpora: `training.corpus` names one of these, or a path inside `data_dir`.
     data_dir: Path = Path("depthscope-data")
+    corpora: dict[str, Path] = Field(default_factory=dict)
+    # Named clusters add to `local`; set False to run only the named ones.
+    local_cluster: bool = True
+    # The database pool of each process (API and runner).
+    db_pool_size: int = Field(default=10, ge=1)
+    db_max_overflow: int = Field(default=20, ge=0)
+    db_pool_timeout_s: float = Field(default=10.0, gt=0)
+    # One runner per cluster: a lease in the database, renewed every lease_s / 3.
+    runner_lease_s: float = Field(default=30.0, ge=1)
+    # A trial left running by this many runner crashes in a row is failed, not retried.
+    max_trial_recoveries: int = Field(default=3, ge=1)
+    # A job whose trials raise inside the runner this many times is failed.
+    max_job_errors: int = Field(default=5, ge=1)
 
 
 def get_settings(**overrides: object) -> Settings:
