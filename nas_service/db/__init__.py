@@ -3,7 +3,7 @@ migrations, beside Optuna's studies in the same database."""
 
 from nas_service.db.engine import make_engine, make_sessionmaker, normalise_url
 from nas_service.db.migrate import VERSION_TABLE, current, downgrade, head, upgrade
-from nas_service.db.models import JOB_STATES, RUN_STATES, Base, Job, JobEvent, TrialRun
+from nas_service.db.models import JOB_STATES, RUN_STATES, Base, Job, JobEvent, RunnerLease, TrialRun
 
 __all__ = [
     "JOB_STATES",
@@ -12,6 +12,7 @@ __all__ = [
     "Base",
     "Job",
     "JobEvent",
+    "RunnerLease",
     "TrialRun",
     "current",
     "downgrade",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, ClassVar
 
-from sqlalchemy import JSON, DateTime, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 JOB_STATES = ("pending", "running", "completed", "failed", "cancelled")
@@ -83,3 +83,17 @@ class TrialRun(Base):
     finished_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True), default=None)
 
     job: Mapped[Job] = relationship(back_populates="runs")
+
+
+class RunnerLease(Base):
+    """Who drives a cluster's jobs. A runner works only while it holds its cluster's lease;
+    it renews the lease (`expires_at`) as it goes, and another runner takes it over only
+    once it has expired. `expires_at` is wall-clock seconds since the epoch, so runners on
+    different machines need synchronised clocks (NTP) within a fraction of the lease."""
+
+    __tablename__ = "ds_runner_leases"
+
+    cluster: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(200))
+    acquired_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)

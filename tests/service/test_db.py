@@ -25,7 +25,7 @@ from nas_service.db import (
     upgrade,
 )
 
-OURS = {"ds_jobs", "ds_job_events", "ds_trial_runs", VERSION_TABLE}
+OURS = {"ds_jobs", "ds_job_events", "ds_trial_runs", "ds_runner_leases", VERSION_TABLE}
 
 
 def tables(url: str) -> set[str]:
@@ -39,7 +39,7 @@ def tables(url: str) -> set[str]:
 def test_upgrade_creates_our_tables_with_our_version_table(db_url: str) -> None:
     assert current(db_url) is None
     upgrade(db_url)
-    assert current(db_url) == head() == "0001"
+    assert current(db_url) == head() == "0002"
     assert tables(db_url) == OURS  # no plain alembic_version: Optuna's name stays free
 
 
@@ -76,14 +76,14 @@ def test_optuna_storage_lives_beside_our_tables(db_url: str) -> None:
     storage = optuna.storages.RDBStorage(db_url.replace("+psycopg", "+psycopg"))
     study = optuna.create_study(study_name="s", storage=storage)
     study.optimize(lambda t: t.suggest_float("x", 0, 1) ** 2, n_trials=3)
-    assert current(db_url) == "0001"
+    assert current(db_url) == head()
     assert {"alembic_version", "studies", "trials"} <= tables(db_url)
     downgrade(db_url, "base")  # ours go, Optuna's stay
     assert "ds_jobs" not in tables(db_url)
     again = optuna.load_study(study_name="s", storage=optuna.storages.RDBStorage(db_url))
     assert len(again.trials) == 3
     upgrade(db_url)
-    assert current(db_url) == "0001"
+    assert current(db_url) == head()
 
 
 def test_rows_and_cascade(db_url: str) -> None:
@@ -119,6 +119,6 @@ def test_cli_db_upgrade_and_current(sqlite_url: str) -> None:
 
     assert cli("current").stdout.strip() == "none"
     assert cli("upgrade").returncode == 0
-    assert cli("current").stdout.strip() == "0001 (head)"
+    assert cli("current").stdout.strip() == "0002 (head)"
     assert cli("downgrade", "base").returncode == 0
     assert cli("current").stdout.strip() == "none"
