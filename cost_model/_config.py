@@ -56,6 +56,10 @@ class CostInputError(ValueError):
         self.field = field
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        # (field, reason), not the joined message: the error crosses processes (Ray) intact
+        return (type(self), (self.field, self.reason))
+
 
 class ArchConfigError(CostInputError):
     """An invalid architecture."""

@@ -86,3 +86,20 @@ def test_pydantic_validates_the_dataclass() -> None:
     assert ok.d_model == 64
     with pytest.raises(pydantic.ValidationError, match="not divisible"):
         adapter.validate_python({"n_layers": 2, "d_model": 65, "n_heads": 2})
+
+
+def test_input_errors_survive_pickling() -> None:
+    """They cross process boundaries (Ray workers to the runner) with field and reason."""
+    import pickle
+
+    from cost_model import CostInputError
+    from cost_model._config import ArchConfigError
+
+    for cls in (CostInputError, ArchConfigError):
+        err = pickle.loads(pickle.dumps(cls("d_model", "must be positive")))
+        assert type(err) is cls
+        assert (err.field, err.reason, str(err)) == (
+            "d_model",
+            "must be positive",
+            str(cls("d_model", "must be positive")),
+        )
