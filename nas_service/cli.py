@@ -439,16 +439,19 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_submit(args: argparse.Namespace) -> int:
-    import yaml
+def _read_spec(path: str) -> dict[str, Any]:
+    """The spec file's mapping, read as the service reads one (`spec.read_spec_data`: a size
+    cap, no YAML anchors or aliases); a refusal is a `CliError` naming the reason."""
+    from nas_service.spec import SpecError, read_spec_data
 
     try:
-        with open(args.spec, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except OSError as exc:
-        raise CliError(f"spec: cannot read {args.spec!r}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise CliError(f"spec: {args.spec!r} is not valid YAML: {exc}") from None
+        return read_spec_data(path)
+    except SpecError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    data = _read_spec(args.spec)
     job = _request(args, "POST", "/v1/jobs", json=data)
     print(f"submitted job {job['id']} ({job['name']}, {job['n_trials']} trials)")
     if args.wait:

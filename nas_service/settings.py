@@ -2,14 +2,18 @@
 
 Built by `get_settings()` and injected; nothing reads them at import time. Nested values use
 `__`: `DEPTHSCOPE_CLUSTERS__GPU__ADDRESS=10.0.0.5:6379`. Clusters are named here, never
-given as raw addresses in a job request.
+given as raw addresses in a job request. Named clusters add to `local` (always configured
+while `local_cluster` is True, and never when it is False). Corpora are registered by name:
+`DEPTHSCOPE_CORPORA__SHAKESPEARE=/data/plays.txt` (names are simple identifiers; the
+environment gives them in lower case).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -36,15 +40,17 @@ class ClusterSettings(BaseModel):
         return value
 
 
+#: A registered corpus name: a letter or underscore, then letters, digits, "_" or "-".
+CORPUS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="DEPTHSCOPE_", env_nested_delimiter="__", extra="forbid"
     )
 
     database_url: str = "sqlite:///depthscope.db"
-    clusters: dict[str, ClusterSettings] = Field(
-        default_factory=lambda: {"local": ClusterSettings()}
-    )
+    clusters: dict[str, ClusterSettings] = Field(default_factory=dict)  # and `local`, below
     api_token: SecretStr | None = None
     max_trials: int = Field(default=1000, ge=1)
     max_budget_flops: float = Field(default=1e21, gt=0)
@@ -78,6 +84,28 @@ class Settings(BaseSettings):
     max_trial_recoveries: int = Field(default=3, ge=1)
     # A job whose trials raise inside the runner this many times is failed.
     max_job_errors: int = Field(default=5, ge=1)
+
+    @field_validator("corpora")
+    @classmethod
+    def _corpus_names(cls, value: dict[str, Path]) -> dict[str, Path]:
+        for name in value:
+            if not CORPUS_NAME.fullmatch(name):
+                raise ValueError(
+                    f"corpus name {name!r} is not a simple identifier "
+                    "(a letter or _, then letters, digits, _ or -; at most 64)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _local(self) -> Settings:
+        """`local` is always a cluster while `local_cluster` is True (a default
+        `ClusterSettings()` unless configured explicitly), and never when it is False."""
+        if self.local_cluster:
+            if "local" not in self.clusters:
+                self.clusters = {"local": ClusterSettings(), **self.clusters}
+        elif "local" in self.clusters:
+            self.clusters = {k: v for k, v in self.clusters.items() if k != "local"}
+        return self
 
 
 def get_settings(**overrides: object) -> Settings:

@@ -51,6 +51,11 @@ class CorpusError(ValueError):
         self.field = field
         self.reason = reason
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickling rebuilds an exception from `args` (the message alone), which this
+        # __init__ cannot take: Ray would deliver an "UnserializableException" instead.
+        return (type(self), (self.field, self.reason))
+
 
 class Document(NamedTuple):
     """One unit of the split: `doc_id` (a relative POSIX path or chunk index) and its bytes."""

@@ -35,6 +35,9 @@ STATUSES = ("completed", "stopped", "diverged")
 class TrainSpecError(CostInputError):
     """An invalid training specification (`field`, `reason`)."""
 
+    def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (it crosses Ray)
+        return (type(self), (self.field, self.reason))
+
 
 @dataclass(frozen=True)
 class TrainSpec:
