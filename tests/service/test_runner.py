@@ -25,6 +25,7 @@ from nas_service.jobs import optuna_storage, submit_job
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
+from tests.service import procs
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,17 +162,13 @@ def test_two_objective_job_prunes_hopeless_candidates(sqlite_url: str) -> None:
         assert len(t.user_attrs["curve"]) < 8  # stopped before its budget
 
 
-def _ray_task_pids(name: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if name.encode() in cmd:
-                pids.append(int(entry.name))
-    return pids
+TRAINING = procs.cmdline_contains("ray::train_streaming")  # a Ray worker running the task
+
+
+def _training_workers() -> list[Any]:
+    """The Ray workers training now, among the descendants of this test process only: the
+    module's `ray.init` made its raylet (and so every worker) our descendant."""
+    return procs.find_in_tree(None, TRAINING)
 
 
 def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
@@ -190,18 +187,21 @@ def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
         while time.monotonic() < deadline and not killed:
             with Session() as s:
                 running = s.scalars(select(TrialRun).where(TrialRun.job_id == job.id)).first()
-            pids = _ray_task_pids("ray::train_streaming") if running else []
-            if pids:
+            workers = _training_workers() if running else []
+            if workers:
                 time.sleep(1.0)  # let it train a little
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
+                victim = workers[0]
+                if victim.is_running():
+                    assert os.getsid(victim.pid) == os.getsid(0)  # in this test's session
+                    victim.send_signal(signal.SIGKILL)
+                    killed.append(victim.pid)
             time.sleep(0.2)
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     Runner(settings).run(timeout_s=400)
     thread.join(timeout=5)
-    assert killed
+    assert len(killed) == 1  # exactly one worker, and one of ours
     with Session() as s:
         assert s.get(Job, job.id).status == "completed"
         runs = list(s.scalars(select(TrialRun).where(TrialRun.job_id == job.id)))
@@ -213,16 +213,6 @@ def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
     assert retries
     assert any(r.attempt == 2 and r.state == "completed" for r in runs)
     assert len(counted(study_of(sqlite_url, job))) == 2
-
-
-def _kill_session(sid: int) -> None:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if os.getsid(int(entry.name)) == sid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                continue
 
 
 def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_path: Path) -> None:
@@ -245,8 +235,7 @@ def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_pa
         else:
             pytest.fail("the first runner never had a trial done and one running")
     finally:
-        _kill_session(first.pid)
-        first.wait(timeout=30)
+        procs.kill_session(first)  # its group and every descendant (its Ray's workers too)
     study = study_of(sqlite_url, job)
     left_running = {t.number: t.params for t in study.get_trials(states=(TrialState.RUNNING,))}
     assert left_running
@@ -314,16 +303,16 @@ def test_cancelling_a_job_stops_its_ray_tasks(sqlite_url: str) -> None:
     thread = threading.Thread(target=runner.run, kwargs={"timeout_s": 300}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not _ray_task_pids("ray::train_streaming"):
+    while time.monotonic() < deadline and not _training_workers():
         time.sleep(0.2)
-    assert _ray_task_pids("ray::train_streaming"), "no training task started"
+    assert _training_workers(), "no training task started"
     cancel_job(Session, job.id)
     thread.join(timeout=120)
     assert not thread.is_alive()
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _ray_task_pids("ray::train_streaming"):
+    while time.monotonic() < deadline and _training_workers():
         time.sleep(0.2)
-    assert not _ray_task_pids("ray::train_streaming")
+    assert not _training_workers()
     with Session() as s:
         assert s.get(Job, job.id).status == "cancelled"
     trials = study_of(sqlite_url, job).trials
@@ -343,7 +332,7 @@ def _free_port() -> int:
 @pytest.fixture
 def ray_head() -> Iterator[tuple[str, str]]:
     """A separately started Ray cluster (`ray start --head`) with token authentication, in
-    its own process session, stopped afterwards by its own processes (never `ray stop`,
+    its own process session, stopped afterwards by its own process tree (never `ray stop`,
     which would stop every Ray on the machine)."""
     import secrets
     import shutil
@@ -388,8 +377,7 @@ def ray_head() -> Iterator[tuple[str, str]]:
         time.sleep(2)
         yield f"127.0.0.1:{port}", token
     finally:
-        _kill_session(head.pid)
-        head.wait(timeout=30)
+        procs.kill_session(head)
         shutil.rmtree(temp, ignore_errors=True)
 
 
