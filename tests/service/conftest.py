@@ -1,5 +1,6 @@
-"""Databases for the service tests: a fresh SQLite file, and a fresh PostgreSQL database on
-the server at 127.0.0.1:5432 (created per test, dropped afterwards)."""
+"""Databases for the service tests: a fresh SQLite file, a fresh PostgreSQL database on the
+server at 127.0.0.1:5432 (created per test, dropped afterwards), and a private PostgreSQL
+server the fault tests may stop and restart (`private_pg`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.service.pg_private import PostgresUnavailable, PrivatePostgres, private_postgres
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -43,3 +46,18 @@ def db_url(request: pytest.FixtureRequest) -> str:
         request.applymarker(pytest.mark.postgres)
         return str(request.getfixturevalue("postgres_url"))
     return str(request.getfixturevalue("sqlite_url"))
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this module's own (initdb in a fresh folder, 127.0.0.1 on a
+    free port, trust authentication) with a fresh database at `.url`; `.stop()` (immediate
+    shutdown) and `.start()` (same folder, same port) for fault tests. Removed afterwards."""
+    try:
+        pg = private_postgres()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"cannot run a private PostgreSQL server: {exc}")
+    try:
+        yield pg
+    finally:
+        pg.close()
