@@ -12,14 +12,19 @@ from fastapi.responses import Response
 from cost_model import VARIANTS
 from nas_service import analysis
 from nas_service.api.deps import ResultsDep, SessionDep
-from nas_service.api.errors import ApiError
-from nas_service.api.jobs import job_results
+from nas_service.api.errors import ApiError, responses
+from nas_service.api.jobs import JOB_ERRORS, job_results
+from nas_service.api.routing import ApiRoute
 from nas_service.api.schemas import OptimumRead, ParetoRead, ScalingRead
 from nas_service.jobs import get_job
 from nas_service.results import optimum_by_variant, pareto_rows, scaling_by_variant
 from nas_service.spec import OBJECTIVE_METRICS
 
-router = APIRouter(prefix="/v1/jobs", tags=["analysis"])
+router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute)
+#: A plot is a PNG; without the trials it needs, a 409.
+PNG = {200: {"content": {"image/png": {}}, "description": "A PNG image"}} | responses(
+    401, 404, 409, 422, 503
+)
 
 
 def parse_metrics(metrics: str) -> list[str]:
@@ -44,7 +49,7 @@ def check_variant(variant: str | None) -> None:
 MetricsQuery = Annotated[str, Query(description="comma-separated, at least two, each minimised")]
 
 
-@router.get("/{job_id}/pareto", response_model=ParetoRead)
+@router.get("/{job_id}/pareto", response_model=ParetoRead, responses=JOB_ERRORS)
 def pareto(
     job_id: str,
     session: SessionDep,
@@ -70,7 +75,7 @@ def pareto(
     return read
 
 
-@router.get("/{job_id}/optimum", response_model=OptimumRead)
+@router.get("/{job_id}/optimum", response_model=OptimumRead, responses=JOB_ERRORS)
 def optimum(
     job_id: str,
     session: SessionDep,
@@ -84,13 +89,13 @@ def optimum(
     )
 
 
-@router.get("/{job_id}/scaling", response_model=ScalingRead)
+@router.get("/{job_id}/scaling", response_model=ScalingRead, responses=JOB_ERRORS)
 def scaling(
     job_id: str,
     session: SessionDep,
     cache: ResultsDep,
     reference: str | None = None,
-    loss: Annotated[float | None, Query(gt=0)] = None,
+    loss: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
 ) -> ScalingRead:
     check_variant(reference)
     out = scaling_by_variant(job_results(cache, get_job(session, job_id)), reference, loss)
@@ -104,7 +109,7 @@ def _png(draw) -> Response:  # type: ignore[no-untyped-def]
         return Response(path.read_bytes(), media_type="image/png")
 
 
-@router.get("/{job_id}/plots/pareto.png")
+@router.get("/{job_id}/plots/pareto.png", response_class=Response, responses=PNG)
 def pareto_plot(
     job_id: str,
     session: SessionDep,
@@ -131,7 +136,7 @@ def pareto_plot(
     )
 
 
-@router.get("/{job_id}/plots/optimum.png")
+@router.get("/{job_id}/plots/optimum.png", response_class=Response, responses=PNG)
 def optimum_plot(job_id: str, session: SessionDep, cache: ResultsDep) -> Response:
     fits = optimum_by_variant(job_results(cache, get_job(session, job_id)), 100)
     if not fits:

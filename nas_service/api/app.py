@@ -14,16 +14,17 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi import Depends, FastAPI
 
 from nas_service.api import analysis, cost, errors, health, jobs
 from nas_service.api.deps import require_token
+from nas_service.api.routing import BodyLimit
 from nas_service.db import make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage
 from nas_service.results import ResultsCache
-from nas_service.settings import Settings
+from nas_service.settings import Settings, get_settings
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,14 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         upgrade(settings.database_url)
-        engine = make_engine(settings.database_url)
+        engine = make_engine(
+            settings.database_url,
+            pool_size=settings.db_pool_size,
+            max_overflow=settings.db_max_overflow,
+            pool_timeout=settings.db_pool_timeout_s,
+        )
         app.state.sessions = make_sessionmaker(engine)
-        app.state.results = ResultsCache(optuna_storage(settings.database_url))
+        app.state.results = ResultsCache(optuna_storage(settings.database_url, settings))
 
         def start(name: str) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
@@ -78,20 +84,34 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     )
     app.state.settings = settings
     app.state.runners = {}
+    app.state.metrics = health.metrics_registry(app)
     errors.install(app)
-
-    @app.middleware("http")
-    async def limit_size(request: Request, call_next):  # type: ignore[no-untyped-def]
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > settings.max_request_bytes:
-            body = errors.error_body(
-                413, f"request body over {settings.max_request_bytes} bytes", "body"
-            )
-            return JSONResponse(body, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
     secured = [Depends(require_token)]
     app.include_router(health.router)  # health needs no token; /metrics does (below)
     for router in (jobs.router, analysis.router, cost.router, health.metrics_router):
         app.include_router(router, dependencies=secured)
+    if settings.api_token is None:
+        app.openapi = lambda: _open_document(app)  # type: ignore[method-assign]
     return app
+
+
+def _open_document(app: FastAPI) -> dict[str, Any]:
+    """Without a configured token nothing asks for one: the document says so (no security
+    requirement and no 401), so it describes what this server does."""
+    if app.openapi_schema is None:
+        document = FastAPI.openapi(app)
+        for operations in document.get("paths", {}).values():
+            for operation in operations.values():
+                operation.pop("security", None)
+                operation.get("responses", {}).pop("401", None)
+        document.get("components", {}).pop("securitySchemes", None)
+        app.openapi_schema = document
+    return app.openapi_schema
+
+
+def from_environment() -> FastAPI:
+    """`uvicorn --factory nas_service.api.app:from_environment`: the API alone (no runner;
+    jobs stay pending), with the settings from the environment (`DEPTHSCOPE_*`)."""
+    return create_app(get_settings())

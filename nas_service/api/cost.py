@@ -2,35 +2,28 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from fastapi import APIRouter
+from pydantic import BaseModel
 
 from cost_model import ArchConfig, CostInputError, Parallelism, Workload, get_hardware, price
-from nas_service.api.errors import ApiError
-from nas_service.api.schemas import CostRequest
+from nas_service.api.errors import ApiError, responses
+from nas_service.api.routing import ApiRoute
+from nas_service.api.schemas import CostRead, CostRequest
 
-router = APIRouter(prefix="/v1", tags=["cost"])
+router = APIRouter(prefix="/v1", tags=["cost"], route_class=ApiRoute)
 
 
-def _build(kind: type, data: dict[str, Any], where: str) -> Any:
-    known = {f.name for f in dataclasses.fields(kind)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ApiError(422, f"unknown field {unknown[0]!r}", f"{where}.{unknown[0]}")
-    missing = [f.name for f in dataclasses.fields(kind) if f.default is dataclasses.MISSING]
-    absent = [name for name in missing if name not in data]
-    if absent:
-        raise ApiError(422, "field required", f"{where}.{absent[0]}")
+def _build(kind: type, data: BaseModel, where: str) -> Any:
     try:
-        return kind(**data)
+        return kind(**data.model_dump())
     except CostInputError as exc:
         raise ApiError(422, exc.reason, f"{where}.{exc.field}") from None
 
 
-@router.post("/cost")
-def cost(body: CostRequest) -> dict[str, Any]:
+@router.post("/cost", response_model=CostRead, responses=responses(401, 413, 422))
+def cost(body: CostRequest) -> CostRead:
     arch = _build(ArchConfig, body.arch, "arch")
     workload = _build(Workload, body.workload, "workload")
     parallel = _build(Parallelism, body.parallelism, "parallelism")
@@ -38,4 +31,8 @@ def cost(body: CostRequest) -> dict[str, Any]:
         hardware = get_hardware(body.hardware)
     except CostInputError as exc:
         raise ApiError(422, exc.reason, "hardware") from None
-    return {"arch": arch.to_dict(), "cost": price(arch, workload, parallel, hardware).as_dict()}
+    try:
+        cost = price(arch, workload, parallel, hardware).as_dict()
+    except CostInputError as exc:
+        raise ApiError(422, exc.reason, exc.field) from None
+    return CostRead(arch=arch.to_dict(), cost=cost)

@@ -7,11 +7,18 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
 from nas_service.results import ResultsCache
 from nas_service.settings import Settings
+
+#: The OpenAPI security scheme; the check itself is `check_token` (our JSON 401).
+bearer = HTTPBearer(
+    auto_error=False,
+    description="The service's API token (`DEPTHSCOPE_API_TOKEN`), when one is configured.",
+)
 
 
 def get_app_settings(request: Request) -> Settings:
@@ -34,15 +41,30 @@ def get_results(request: Request) -> ResultsCache:
     return cache
 
 
-def require_token(request: Request) -> None:
-    """When an API token is configured, every endpoint but health needs it as a bearer token."""
+def check_token(request: Request) -> None:
+    """When an API token is configured, it must come as the bearer token (compared as bytes,
+    in constant time: a header is Latin-1 on the wire, the token UTF-8)."""
     token = request.app.state.settings.api_token
     if token is None:
         return
     header = request.headers.get("authorization", "")
     scheme, _, given = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(given, token.get_secret_value()):
+    expected = token.get_secret_value().encode("utf-8")
+    try:
+        offered = given.strip().encode("latin-1")
+    except UnicodeEncodeError:  # not from a header; never equal
+        offered = b""
+    if scheme.lower() != "bearer" or not hmac.compare_digest(offered, expected):
         raise ApiError(401, "a valid bearer token is required", "authorization")
+
+
+def require_token(
+    request: Request,
+    _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """Every endpoint but health needs the token (checked first by `ApiRoute`, before the
+    body is read; here again, and this dependency puts the scheme in the OpenAPI document)."""
+    check_token(request)
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]

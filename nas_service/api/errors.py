@@ -1,17 +1,34 @@
-"""One JSON shape for every error: {"error": {"status", "field", "message", "errors"}}."""
+"""One JSON shape for every error: {"error": {"status", "field", "message", "errors"}}.
+
+Every refusal is rendered here: domain errors (`ApiError`, `SpecError`, …), validation
+errors (the field without the `body.`/`query.` prefix; a body that is not JSON is the field
+`body`), a database that cannot be reached (503 with `Retry-After`), and, as a last resort,
+any unexpected exception (500, still this shape: never plain text, never a traceback)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cost_model import CostInputError
-from nas_service.jobs import JobNotFound, JobStateError
+from nas_service.jobs import JobLimitError, JobNotFound, JobStateError
 from nas_service.spec import SpecError
+
+log = logging.getLogger(__name__)
+
+#: Seconds a client is asked to wait after a 503 (database unreachable) or a 429.
+RETRY_AFTER_S = 5
+#: Location parts that are not fields: where the value was, and the tags of `IntAxis`'s
+#: discriminated union (`space.n_layers.range` is reported as `space.n_layers`, as
+#: `parse_spec` reports it).
+_NOT_FIELDS = ("range", "choices")
 
 
 class ApiError(Exception):
@@ -20,6 +37,43 @@ class ApiError(Exception):
     def __init__(self, status: int, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.status, self.message, self.field = status, message, field
+
+
+class FieldError(BaseModel):
+    field: str | None
+    message: str
+
+
+class ErrorDetail(BaseModel):
+    status: int
+    field: str | None
+    message: str
+    errors: list[FieldError]
+
+
+class ErrorBody(BaseModel):
+    """Every error response: the status, the first offending field, a message, and every
+    (field, message) found."""
+
+    error: ErrorDetail
+
+
+_DESCRIPTIONS = {
+    400: "Bad request",
+    401: "A valid bearer token is required",
+    404: "No such job",
+    409: "Conflicts with the job's state",
+    413: "Request body too large",
+    422: "Invalid input (the field is named)",
+    429: "Too many active jobs",
+    500: "Internal error",
+    503: "The database is unreachable (retry after Retry-After seconds)",
+}
+
+
+def responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these error codes, each with the one `ErrorBody` schema."""
+    return {code: {"model": ErrorBody, "description": _DESCRIPTIONS[code]} for code in codes}
 
 
 def error_body(
@@ -35,10 +89,46 @@ def error_body(
     }
 
 
+def error_response(
+    status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, field), status_code=status, headers=headers)
+
+
+def _field(loc: Any) -> str:
+    parts = list(loc or ())
+    if parts and parts[0] in ("body", "query", "path", "header", "cookie"):
+        parts = parts[1:]
+    return ".".join(str(p) for p in parts if p not in _NOT_FIELDS)
+
+
+def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
+    out = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":  # the location is a character offset
+            reason = (err.get("ctx") or {}).get("error") or err.get("msg")
+            out.append({"field": "body", "message": f"not valid JSON: {reason}"})
+            continue
+        message = str(err.get("msg")).removeprefix("Value error, ")
+        out.append({"field": _field(err.get("loc")) or "request", "message": message})
+    return out
+
+
+def is_database_outage(exc: BaseException) -> bool:
+    """An error that says the database cannot be used now (not that the request is wrong)."""
+    if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection in time
+        return True
+    if isinstance(exc, sa_exc.DBAPIError):
+        return bool(exc.connection_invalidated) or isinstance(
+            exc, sa_exc.OperationalError | sa_exc.InterfaceError
+        )
+    return False
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.status, exc.message, exc.field), status_code=exc.status)
+        return error_response(exc.status, exc.message, exc.field)
 
     @app.exception_handler(SpecError)
     async def _spec(_: Request, exc: SpecError) -> JSONResponse:
@@ -48,30 +138,54 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(CostInputError)
     async def _cost(_: Request, exc: CostInputError) -> JSONResponse:
-        return JSONResponse(error_body(422, str(exc), exc.field), status_code=422)
+        return error_response(422, str(exc), exc.field)
 
     @app.exception_handler(JobNotFound)
     async def _missing(_: Request, exc: JobNotFound) -> JSONResponse:
-        return JSONResponse(error_body(404, f"no job {exc.args[0]!r}", "job_id"), status_code=404)
+        return error_response(404, f"no job {exc.args[0]!r}", "job_id")
 
     @app.exception_handler(JobStateError)
     async def _state(_: Request, exc: JobStateError) -> JSONResponse:
-        return JSONResponse(error_body(409, str(exc), "status"), status_code=409)
+        return error_response(409, str(exc), "status")
+
+    @app.exception_handler(JobLimitError)
+    async def _limit(_: Request, exc: JobLimitError) -> JSONResponse:
+        return error_response(429, str(exc), "jobs", {"Retry-After": str(RETRY_AFTER_S)})
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = []
-        for err in exc.errors():
-            loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
-            errors.append({"field": ".".join(loc) or "request", "message": str(err.get("msg"))})
+        errors = _validation_errors(exc)
         first = errors[0] if errors else {"field": "request", "message": "invalid request"}
         message = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
         return JSONResponse(error_body(422, message, first["field"], errors), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        field = getattr(exc, "field", None)
         return JSONResponse(
-            error_body(exc.status_code, str(exc.detail)),
+            error_body(exc.status_code, str(exc.detail), field),
             status_code=exc.status_code,
             headers=exc.headers,
         )
+
+    @app.exception_handler(sa_exc.SQLAlchemyError)
+    async def _database(request: Request, exc: sa_exc.SQLAlchemyError) -> JSONResponse:
+        if is_database_outage(exc):
+            log.warning("database unreachable on %s %s: %s", request.method, request.url.path, exc)
+            return error_response(
+                503,
+                f"the database is unreachable ({type(exc).__name__}); retry later",
+                "database",
+                {"Retry-After": str(RETRY_AFTER_S)},
+            )
+        return _internal(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return _internal(request, exc)
+
+
+def _internal(request: Request, exc: BaseException) -> JSONResponse:
+    """The last resort: a bug. Logged with its traceback; the client sees only the shape."""
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error ({type(exc).__name__})")

@@ -2,21 +2,45 @@
 
 from __future__ import annotations
 
+import math
 import socket
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.registry import Collector
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.api.deps import SessionDep
+from nas_service.api.errors import responses
+from nas_service.api.routing import ApiRoute
 from nas_service.db import JOB_STATES, RUN_STATES, Job, TrialRun
 
-router = APIRouter(tags=["health"])
-metrics_router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["health"], route_class=ApiRoute)
+metrics_router = APIRouter(tags=["metrics"], route_class=ApiRoute)
 
 
-@router.get("/v1/health")
+class HealthRead(BaseModel):
+    """`status` ok or degraded (then the answer is a 503); the database, the runners (alive
+    or not) and each configured remote Ray head (reachable or not)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: str
+    database: str
+    runners: dict[str, bool] | None = None
+    ray: dict[str, str] | None = None
+
+
+@router.get(
+    "/v1/health",
+    response_model=HealthRead,
+    responses={503: {"model": HealthRead, "description": "Degraded"}},
+)
 def health(request: Request) -> JSONResponse:
     body: dict[str, Any] = {"status": "ok"}
     try:
@@ -52,29 +76,64 @@ def _reachable(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-@metrics_router.get("/metrics", response_class=PlainTextResponse)
-def metrics(session: SessionDep) -> str:
-    jobs = dict(session.execute(select(Job.status, func.count()).group_by(Job.status)).all())
-    runs = dict(
-        session.execute(select(TrialRun.state, func.count()).group_by(TrialRun.state)).all()
-    )
-    durations = [
-        (r.finished_at - r.started_at).total_seconds()
-        for r in session.scalars(select(TrialRun).where(TrialRun.finished_at.is_not(None)))
-    ]
-    lines = [
-        "# HELP depthscope_jobs Jobs by state.",
-        "# TYPE depthscope_jobs gauge",
-        *(f'depthscope_jobs{{state="{s}"}} {jobs.get(s, 0)}' for s in JOB_STATES),
-        "# HELP depthscope_trial_runs Trial attempts by state.",
-        "# TYPE depthscope_trial_runs gauge",
-        *(f'depthscope_trial_runs{{state="{s}"}} {runs.get(s, 0)}' for s in RUN_STATES),
-        "# HELP depthscope_trial_duration_seconds Wall time of finished trial attempts.",
-        "# TYPE depthscope_trial_duration_seconds summary",
-        f"depthscope_trial_duration_seconds_count {len(durations)}",
-        f"depthscope_trial_duration_seconds_sum {sum(durations):.3f}",
-        "# HELP depthscope_queue_depth Jobs waiting to start.",
-        "# TYPE depthscope_queue_depth gauge",
-        f"depthscope_queue_depth {jobs.get('pending', 0)}",
-    ]
-    return "\n".join(lines) + "\n"
+class DatabaseCollector(Collector):
+    """Job, trial-run and queue gauges and the trial-duration summary, read from the database
+    at scrape time (the runner writes them; the API process keeps no counters of its own)."""
+
+    def __init__(self, sessions: Callable[[], sessionmaker[Session]]) -> None:
+        self.sessions = sessions
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected on scrape only (registering must not read the database)
+
+    def collect(self) -> Iterable[Metric]:
+        with self.sessions()() as session:
+            jobs = dict(
+                session.execute(select(Job.status, func.count()).group_by(Job.status)).all()
+            )
+            runs = dict(
+                session.execute(select(TrialRun.state, func.count()).group_by(TrialRun.state)).all()
+            )
+            spans = session.execute(
+                select(TrialRun.started_at, TrialRun.finished_at).where(
+                    TrialRun.finished_at.is_not(None)
+                )
+            ).all()
+            durations = [(end - start).total_seconds() for start, end in spans]
+        by_job = GaugeMetricFamily("depthscope_jobs", "Jobs by state.", labels=["state"])
+        for state in JOB_STATES:
+            by_job.add_metric([state], jobs.get(state, 0))
+        yield by_job
+        by_run = GaugeMetricFamily(
+            "depthscope_trial_runs", "Trial attempts by state.", labels=["state"]
+        )
+        for state in RUN_STATES:
+            by_run.add_metric([state], runs.get(state, 0))
+        yield by_run
+        yield GaugeMetricFamily(
+            "depthscope_queue_depth", "Jobs waiting to start.", value=jobs.get("pending", 0)
+        )
+        yield SummaryMetricFamily(
+            "depthscope_trial_duration_seconds",
+            "Wall time of finished trial attempts.",
+            count_value=len(durations),
+            sum_value=math.fsum(durations),
+        )
+
+
+def metrics_registry(app: FastAPI) -> CollectorRegistry:
+    """The app's own registry (never the process-global one: two apps, two registries)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector(lambda: app.state.sessions))
+    return registry
+
+
+@metrics_router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"}}
+    | responses(401, 503),
+)
+def metrics(request: Request) -> Response:
+    registry: CollectorRegistry = request.app.state.metrics
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

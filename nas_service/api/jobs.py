@@ -2,21 +2,42 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 
+import yaml
 from fastapi import APIRouter, Body, Query, status
 from sqlalchemy import func, select
 
 from cost_model import VARIANTS
 from nas_service.api.deps import ResultsDep, SessionDep, SessionFactoryDep, SettingsDep
-from nas_service.api.errors import ApiError
-from nas_service.api.schemas import Compute, JobList, JobRead, Progress, TrialList
+from nas_service.api.errors import ApiError, responses
+from nas_service.api.routing import ApiRoute
+from nas_service.api.schemas import Compute, JobList, JobRead, Progress, TrialList, TrialRead
 from nas_service.db import JOB_STATES, Job
 from nas_service.jobs import cancel_job, get_job, submit_job
 from nas_service.results import JobResults, ResultsCache
+from nas_service.spec import JobSpec
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ApiRoute)
 TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
+#: The largest offset of a page (a bound, so no query is ever asked for an absurd one).
+MAX_OFFSET = 1_000_000_000
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
+#: A job route reads the database; its job may not exist.
+JOB_ERRORS = responses(401, 404, 422, 503)
+
+
+def _example() -> dict[str, Any]:
+    """The README's job (examples/quick.yaml) as the request body's OpenAPI example."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "quick.yaml"
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError):
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {"quick": {"summary": "baseline vs Block AttnRes at fixed compute", "value": data}}
 
 
 def job_results(cache: ResultsCache, job: Job) -> JobResults:
@@ -71,32 +92,31 @@ def read_job(job: Job, results: JobResults) -> JobRead:
     )
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobRead)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobRead,
+    responses=responses(401, 413, 422, 429, 503),
+)
 def create(
-    body: Annotated[dict[str, Any], Body()],
+    body: Annotated[JobSpec, Body(openapi_examples=_example())],
     settings: SettingsDep,
     sessions: SessionFactoryDep,
-    session: SessionDep,
     cache: ResultsDep,
 ) -> JobRead:
-    active = session.scalar(
-        select(func.count()).select_from(Job).where(Job.status.in_(("pending", "running")))
-    )
-    if active is not None and active >= settings.max_concurrent_jobs:
-        raise ApiError(
-            429, f"{active} jobs are active; the limit is {settings.max_concurrent_jobs}", "jobs"
-        )
+    """Validate the spec (a refusal is a 422 naming the field), then store the job, pending,
+    unless `max_concurrent_jobs` jobs are active (429). Nothing is stored on refusal."""
     job = submit_job(sessions, settings, body, storage=cache.storage)
     return read_job(job, job_results(cache, job))
 
 
-@router.get("", response_model=JobList)
+@router.get("", response_model=JobList, responses=responses(401, 422, 503))
 def list_jobs(
     session: SessionDep,
     cache: ResultsDep,
     status_: Annotated[str | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> JobList:
     query = select(Job)
     if status_ is not None:
@@ -117,23 +137,21 @@ def list_jobs(
     )
 
 
-@router.get("/{job_id}", response_model=JobRead)
+@router.get("/{job_id}", response_model=JobRead, responses=JOB_ERRORS)
 def read(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
     job = get_job(session, job_id)
     return read_job(job, job_results(cache, job))
 
 
-@router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel(
-    job_id: str, sessions: SessionFactoryDep, session: SessionDep, cache: ResultsDep
-) -> JobRead:
-    cancel_job(sessions, job_id)
-    job = get_job(session, job_id)
-    session.refresh(job)
+@router.post(
+    "/{job_id}/cancel", response_model=JobRead, responses=responses(401, 404, 409, 422, 503)
+)
+def cancel(job_id: str, sessions: SessionFactoryDep, cache: ResultsDep) -> JobRead:
+    job = cancel_job(sessions, job_id)
     return read_job(job, job_results(cache, job))
 
 
-@router.get("/{job_id}/trials", response_model=TrialList)
+@router.get("/{job_id}/trials", response_model=TrialList, responses=JOB_ERRORS)
 def trials(
     job_id: str,
     session: SessionDep,
@@ -142,7 +160,7 @@ def trials(
     variant: str | None = None,
     curve: bool = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> TrialList:
     if state is not None and state not in TRIAL_STATES:
         raise ApiError(
@@ -158,5 +176,8 @@ def trials(
     ]
     page = rows[offset : offset + limit]
     return TrialList(
-        items=[r.as_dict(curve) for r in page], total=len(rows), limit=limit, offset=offset
+        items=[TrialRead(**r.as_dict(curve)) for r in page],
+        total=len(rows),
+        limit=limit,
+        offset=offset,
     )

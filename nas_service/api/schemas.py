@@ -1,11 +1,31 @@
-"""Response schemas, named by role (`JobRead`, `JobList`, …)."""
+"""Request and response schemas, named by role (`JobRead`, `JobList`, `TrialRead`, …).
+
+The cost request's `arch`, `workload` and `parallelism` are derived from the cost model's
+dataclasses (`ArchConfig`, `Workload`, `Parallelism`): the same fields and defaults, with
+types, bounds and choices the OpenAPI document shows; a non-finite number, a null where a
+value is required or an integer out of range is a 422 naming the field, before the cost
+model sees it. The cost model still checks every combination (`CostInputError`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
-from typing import Any
+import typing
+from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from cost_model import (
+    DTYPE_BYTES,
+    MLP_KINDS,
+    NORM_KINDS,
+    POSITION_KINDS,
+    RECOMPUTE_MODES,
+    VARIANTS,
+    ArchConfig,
+    Parallelism,
+    Workload,
+)
 
 
 class Progress(BaseModel):
@@ -49,8 +69,26 @@ class JobList(BaseModel):
     offset: int
 
 
+class TrialRead(BaseModel):
+    """One Optuna trial of a job: its parameters, architecture, metrics and outcome."""
+
+    number: int
+    state: str
+    outcome: str
+    reason: str
+    variant: str
+    params: dict[str, Any]
+    arch: dict[str, Any]
+    metrics: dict[str, float | None]
+    values: list[float | None] | None
+    train: list[dict[str, Any]]
+    duration_s: float | None
+    budget: float | None
+    curve: list[list[float | None]] | None = None
+
+
 class TrialList(BaseModel):
-    items: list[dict[str, Any]]
+    items: list[TrialRead]
     total: int
     limit: int
     offset: int
@@ -60,12 +98,24 @@ class ParetoRead(BaseModel):
     metrics: list[str]
     variant: str | None
     n_candidates: int
-    front: list[dict[str, Any]]
+    front: list[TrialRead]
+
+
+class OptimumFitRead(BaseModel):
+    """The fitted d_model/L_b optimum of one variant (at one budget)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    variant: str
+    n_trials: int
+    n_shapes: int
+    verdict: str
+    budget: float | None = None
 
 
 class OptimumRead(BaseModel):
     job_id: str
-    fits: list[dict[str, Any]]
+    fits: list[OptimumFitRead]
 
 
 class ScalingRead(BaseModel):
@@ -74,11 +124,96 @@ class ScalingRead(BaseModel):
     problems: dict[str, str]
     reference: str | None = None
     loss: float | None = None
-    multipliers: dict[str, float] | None = None
+    multipliers: dict[str, float | None] | None = None
+
+
+# -- the cost request --------------------------------------------------------------------------
+#: Upper bounds of the cost request's integers: far beyond any model priced, small enough
+#: that every formula stays finite.
+_INT_MAX: dict[str, int] = {
+    "n_layers": 1 << 16,
+    "d_model": 1 << 20,
+    "n_heads": 1 << 16,
+    "n_kv_heads": 1 << 16,
+    "vocab_size": 1 << 24,
+    "seq_len": 1 << 24,
+    "d_ff": 1 << 24,
+    "block_size": 1 << 17,
+    "mhc_streams": 6,
+    "micro_batch": 1 << 20,
+    "microbatches": 1 << 20,
+    "prefill_tokens": 1 << 24,
+    "prefill_chunk": 1 << 24,
+    "decode_context": 1 << 24,
+    "decode_batch": 1 << 20,
+    "tensor": 1 << 16,
+    "pipeline": 1 << 16,
+    "virtual": 1 << 10,
+    "data": 1 << 20,
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "variant": VARIANTS,
+    "mlp": MLP_KINDS,
+    "norm": NORM_KINDS,
+    "positions": POSITION_KINDS,
+    "dtype": tuple(DTYPE_BYTES),
+    "recompute": RECOMPUTE_MODES,
+}
+
+
+def _field_type(name: str, hint: Any) -> tuple[Any, Any]:
+    """The pydantic type and `Field` constraints of one cost-model dataclass field."""
+    optional = type(None) in typing.get_args(hint)
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    kw: dict[str, Any] = {}
+    if name in _CHOICES:
+        kind: Any = Literal[_CHOICES[name]]  # type: ignore[valid-type]
+    elif base is bool:
+        kind = bool
+        kw = {"strict": True}
+    elif base is int:
+        kind = int
+        kw = {"ge": 1, "le": _INT_MAX.get(name, 1 << 20), "strict": True}
+    elif base is float:
+        kind = float
+        kw = {"gt": 0, "le": 1e6, "allow_inf_nan": False}
+    else:
+        kind = base
+    return (kind | None if optional else kind), kw
+
+
+def _model_of(kind: type, name: str) -> type[BaseModel]:
+    hints = typing.get_type_hints(kind)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(kind):
+        if f.name not in hints or not f.init:
+            continue
+        annotation, kw = _field_type(f.name, hints[f.name])
+        default = ... if f.default is dataclasses.MISSING else f.default
+        fields[f.name] = (annotation, Field(default, **kw))
+    model = create_model(  # type: ignore[call-overload]
+        name,
+        __config__=ConfigDict(extra="forbid"),
+        __doc__=f"The fields of `cost_model.{kind.__name__}`.",
+        **fields,
+    )
+    return model  # type: ignore[no-any-return]
+
+
+ArchIn = _model_of(ArchConfig, "ArchIn")
+WorkloadIn = _model_of(Workload, "WorkloadIn")
+ParallelismIn = _model_of(Parallelism, "ParallelismIn")
 
 
 class CostRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    arch: ArchIn  # type: ignore[valid-type]
+    workload: WorkloadIn = Field(default_factory=WorkloadIn)  # type: ignore[valid-type]
+    parallelism: ParallelismIn = Field(default_factory=ParallelismIn)  # type: ignore[valid-type]
+    hardware: str = Field(default="h100", max_length=64)
+
+
+class CostRead(BaseModel):
     arch: dict[str, Any]
-    workload: dict[str, Any] = {}
-    parallelism: dict[str, Any] = {}
-    hardware: str = "h100"
+    cost: dict[str, Any]

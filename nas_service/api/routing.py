@@ -1,0 +1,195 @@
+"""How every request is read before its route sees it.
+
+- `BodyLimit`: a pure ASGI middleware that counts the bytes of the request body as they are
+  received and answers 413 as soon as they pass `max_request_bytes`, with or without a
+  Content-Length (a chunked body is not read past the limit); a declared Content-Length over
+  the limit is refused before anything is read.
+- `ApiRoute`: every API route. A route that needs the bearer token checks it before the body
+  is read or parsed (a wrong token is a 401, whatever the body), and request bodies are
+  parsed as strict JSON: no `NaN`/`Infinity` literals, no number beyond a float's range, no
+  string with a NUL character or an unpaired surrogate (the databases cannot store them); each
+  is a 422 naming the field (`body` when the JSON itself is malformed).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from nas_service.api.errors import error_body
+
+#: Digits of the largest JSON integer read (a float holds about 1.8e308).
+MAX_INT_DIGITS = 300
+
+
+class BodyRefused(StarletteHTTPException):
+    """A refused request body, raised while it is read (FastAPI passes HTTP exceptions on);
+    rendered by the `HTTPException` handler with its `field`."""
+
+    def __init__(self, status: int, message: str, field: str) -> None:
+        super().__init__(status, message)
+        self.field = field
+
+
+class BodyTooLarge(BodyRefused):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body over {limit} bytes", "body")
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
+                await self._refuse(send)
+                return
+        received = 0
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, tracked_send)
+        except BodyTooLarge:
+            if started:
+                raise
+            await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        body = json.dumps(
+            error_body(413, f"request body over {self.max_bytes} bytes", "body")
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close"),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _json_error(doc: str, pos: int, msg: str) -> json.JSONDecodeError:
+    return json.JSONDecodeError(msg, doc, pos)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is out of range")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits is out of range")
+    return int(text)
+
+
+def strict_json(body: bytes) -> Any:
+    """`json.loads` as RFC 8259 has it; any failure is a `JSONDecodeError` (field `body`)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise _json_error("", exc.start, "not UTF-8") from None
+    try:
+        return json.loads(
+            text,
+            parse_constant=_refuse_constant,
+            parse_float=_finite_float,
+            parse_int=_bounded_int,
+        )
+    except json.JSONDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise _json_error(text, 0, str(exc)) from None
+
+
+def _bad_text(value: str) -> str | None:
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain an unpaired surrogate"
+    return None
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "body"
+
+
+def check_strings(value: Any) -> None:
+    """Refuse a string (value or key) that no database can store, naming where it is."""
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        node, where = stack.pop()
+        if isinstance(node, str):
+            reason = _bad_text(node)
+            if reason:
+                raise BodyRefused(422, f"text {reason}", _where(where))
+        elif isinstance(node, dict):
+            for key, item in node.items():
+                reason = _bad_text(key)
+                if reason:
+                    raise BodyRefused(422, f"a key {reason}", _where(where))
+                stack.append((item, (*where, key)))
+        elif isinstance(node, list):
+            stack.extend((item, (*where, i)) for i, item in enumerate(node))
+
+
+class StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            data = strict_json(await self.body())
+            check_strings(data)
+            self._json = data
+        return self._json
+
+
+class ApiRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        from nas_service.api.deps import check_token, require_token
+
+        handler = super().get_route_handler()
+        secured = any(d.dependency is require_token for d in self.dependencies)
+
+        async def route(request: Request) -> Response:
+            if secured:
+                check_token(request)
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return route
