@@ -35,6 +35,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -283,10 +284,28 @@ class Budget(_Strict):
     flops: FloatBudget | None = None
     tokens: IntBudget | None = None
 
-    @field_validator("tokens", mode="before")
+    @field_validator("flops", "tokens", mode="before")
     @classmethod
-    def _whole(cls, value: Any) -> Any:
-        return _integral_floats(value)
+    def _numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        """Refuse NaN and infinities (also as strings, "NaN" from a JSON file read as YAML)
+        and fractional token counts on the budget's own field, every value of a list
+        included; whole-valued floats become token counts."""
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, bool):
+                raise ValueError(f"must be a number, not {str(v).lower()}")
+            number = v
+            if isinstance(v, str):
+                try:
+                    number = float(v)
+                except ValueError:
+                    continue  # not a number: pydantic says so
+            if not isinstance(number, float):
+                continue
+            if not math.isfinite(number):
+                raise ValueError(f"must be a finite number, got {number}")
+            if info.field_name == "tokens" and not number.is_integer():
+                raise ValueError(f"must be a whole number of tokens, got {number:g}")
+        return _integral_floats(value) if info.field_name == "tokens" else value
 
     @field_validator("flops", "tokens")
     @classmethod
@@ -726,7 +745,15 @@ def resolve_corpus(corpus: str | None, settings: Settings) -> str | None:
             loose = lexical
         if not _inside(loose, root):
             raise escapes from None
-        raise SpecError([(_CORPUS, f"{shown} does not exist in the data folder")]) from None
+        raise SpecError(
+            [
+                (
+                    _CORPUS,
+                    f"{shown} is not a registered corpus and does not exist in the data folder"
+                    + (f" (registered: {registered})" if registered else ""),
+                )
+            ]
+        ) from None
     if not _inside(real, root):
         raise escapes
     if real == root:
