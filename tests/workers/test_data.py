@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from workers.data import (
     load_corpus,
     stdlib_documents,
 )
+from workers.train import TrainSpecError
 
 
 def checksum(corpus: Corpus) -> str:
@@ -370,3 +372,20 @@ def test_too_small_for_a_batch(counting: Corpus, tmp_path: Path) -> None:
     with pytest.raises(CorpusError) as info:
         counting.batch("test", 4, 16, torch.Generator())
     assert info.value.field == "split"
+
+
+@pytest.mark.parametrize(
+    ("cls", "field", "reason"),
+    [
+        (CorpusError, "corpus", "/data/x.txt does not exist"),
+        (TrainSpecError, "budget_tokens", "fewer than one optimizer step"),
+    ],
+    ids=["CorpusError", "TrainSpecError"],
+)
+def test_field_errors_survive_pickling(cls: type[ValueError], field: str, reason: str) -> None:
+    """They cross Ray (and multiprocessing) pickled: the field and reason arrive intact,
+    not as an "UnserializableException" (their __init__ takes (field, reason))."""
+    err = cls(field, reason)  # type: ignore[call-arg]
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is cls
+    assert (back.field, back.reason, str(back)) == (field, reason, f"{field}: {reason}")  # type: ignore[attr-defined]
