@@ -327,13 +327,14 @@ class Budget(_Strict):
         return "flops" if self.flops is not None else "tokens"
 
     def values(self) -> list[float]:
-        raw = self.flops if self.flops is not None else self.tokens
-        return [float(v) for v in (raw if isinstance(raw, list) else [raw])]  # type: ignore[union-attr]
+        return [float(v) for v in self.raw_values()]
 
     def raw_values(self) -> list[int | float]:
         """The budgets as given (tokens stay ints, however large)."""
         raw = self.flops if self.flops is not None else self.tokens
-        return list(raw) if isinstance(raw, list) else [raw]  # type: ignore[list-item]
+        if isinstance(raw, list):
+            return list(raw)
+        return [] if raw is None else [raw]
 
 
 class Constraint(_Strict):
@@ -490,7 +491,7 @@ class _SpecLoader(yaml.SafeLoader):
         self._depth = 0
 
     def compose_node(self, parent: Any, index: Any) -> Any:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None) is not None:
             raise _Refused("YAML anchors and aliases are not accepted", event.start_mark)
         self._depth += 1
