@@ -172,18 +172,24 @@ def kill_session(proc: subprocess.Popen[Any], timeout: float = 30.0) -> list[int
 
 
 def terminate_session(proc: subprocess.Popen[Any], grace: float = 30.0) -> list[int]:
-    """SIGTERM the group of `proc` (started with `start_new_session=True`), wait up to `grace`
-    seconds, then `kill_session` whatever is left of it."""
-    if proc.poll() is None:
-        tree = [psutil.Process(proc.pid), *descendants(proc.pid)]
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            return kill_session(proc)
-        left = wait_gone(tree, timeout=5)
-        _signal(left, signal.SIGKILL)
-        wait_gone(left, timeout=10)
-        return [p.pid for p in tree]
-    return kill_session(proc)
+    """SIGTERM `proc` (started with `start_new_session=True`) and let it stop what it started
+    (`depthscope serve` stops its runner, which shuts its Ray down); after `grace` seconds, or
+    once it has exited, SIGKILL whatever is left of its group and of its tree (a snapshot
+    taken first). Returns the pids of the tree."""
+    if proc.poll() is not None:
+        return kill_session(proc)
+    tree = [psutil.Process(proc.pid), *descendants(proc.pid)]
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+    left = wait_gone(tree, timeout=5)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    _signal(left, signal.SIGKILL)
+    alive = wait_gone(left, timeout=10)
+    if alive:
+        raise RuntimeError(f"still alive after SIGKILL: {[p.pid for p in alive]}")
+    return [p.pid for p in tree]
