@@ -116,3 +116,32 @@ def test_service_bench_runs(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     assert results["sqlite"]["latency_ms"]["pareto"]["p95"] > 0
     assert results["postgresql"]["latency_ms"]["optimum"]["p95"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_load_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "load.json"
+    run = run_bench(
+        "bench/load.py",
+        "--seconds",
+        "2",
+        "--clients",
+        "4",
+        "--jobs",
+        "1",
+        "--submits",
+        "4",
+        "--max-jobs",
+        "2",
+        "--json",
+        str(out),
+        timeout=400,
+    )
+    result = json.loads(out.read_text())
+    assert result["polls"]["all"]["requests"] > 0
+    assert set(result["polls"]) == {"status", "trials", "pareto", "all"}
+    burst = result["submissions"]
+    assert burst["accepted"] == burst["expected"] and burst["server_errors"] == 0
+    assert "p95 ms" in run.stdout

@@ -1,0 +1,389 @@
+"""Load on the real service (`depthscope serve`, its runner and local Ray, on loopback):
+concurrent clients polling jobs that are training, then a burst of concurrent submissions
+against the active-job limit.
+
+Phase 1: the service trains `--jobs` small jobs; `--clients` asyncio clients each poll, for
+`--seconds`, GET /v1/jobs/{id} (status), GET /v1/jobs/{id}/trials and
+GET /v1/jobs/{id}/pareto?metrics=val_loss,train_memory_bytes in turn (one of the jobs each,
+round robin), `--interval` seconds between rounds. Per route and overall: requests, errors
+(non-2xx and exceptions), p50/p95/p99 latency.
+
+Phase 2: the jobs are cancelled; `--submits` concurrent POST /v1/jobs against
+`max_concurrent_jobs` (`--max-jobs`, DEPTHSCOPE_MAX_CONCURRENT_JOBS): how many were accepted
+(it must equal the limit less the active jobs), the status codes, the 5xx.
+
+    python bench/load.py [--db sqlite|postgres] [--seconds 30] [--clients 50] [--json FILE]
+
+Targets: 0 errors, p95 ≤ 100 ms per route, accepted == limit − active, no 5xx. The service
+runs in a process session of its own; at the end exactly its processes are stopped (its
+group and its process tree: Ray's workers sit in groups of their own). `--db postgres` uses a
+fresh database on the server at 127.0.0.1:5432, dropped afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the project before bench/ (whose cost_model.py would shadow it)
+P95_TARGET_MS = 100.0
+JOB: dict[str, Any] = {
+    "name": "load",
+    "space": {
+        "n_layers": [1, 2],
+        "d_model": [32, 64],
+        "head_dim": 16,
+        "variants": ["baseline", "block_attnres"],
+        "block_sizes": [1],
+    },
+    "budget": {"tokens": 4 * 32 * 100},
+    "objectives": ["val_loss", "train_memory_bytes"],
+    "sampler": "random",
+    "pruner": "none",
+    "n_trials": 500,  # more than the measurement can finish: the jobs keep training
+    "max_concurrent": 1,
+    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
+    "cost": {"hardware": "cpu"},
+}
+PARETO = {"metrics": "val_loss,train_memory_bytes"}
+
+
+def _load_support() -> Any:
+    path = Path(__file__).resolve().parent / "support.py"
+    spec = importlib.util.spec_from_file_location("bench_support", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _psutil() -> Any:
+    try:
+        import psutil
+    except ImportError:  # Ray ships a copy and puts it on sys.path when imported
+        importlib.import_module("ray")
+        import psutil
+    return psutil
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- the service, in its own session ------------------------------------------------------
+
+
+class Service:
+    def __init__(self, db_url: str, max_jobs: int, workdir: Path) -> None:
+        self.port = _free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = workdir / "service.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPTHSCOPE_", "RAY_"))}
+        env |= {
+            "DEPTHSCOPE_DATABASE_URL": db_url,
+            "DEPTHSCOPE_MAX_CONCURRENT_JOBS": str(max_jobs),
+            "DEPTHSCOPE_CLUSTERS__LOCAL__NUM_CPUS": "2",
+            "DEPTHSCOPE_RUNNER_LEASE_S": "3",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "nas_service.cli", "serve", "--port", str(self.port)],
+                cwd=ROOT,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def wait_healthy(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                break
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.base}/v1/health", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.3)
+        raise RuntimeError(f"the service did not become healthy; see {self.log_path}")
+
+    def stop(self, grace: float = 40.0) -> int:
+        """SIGTERM the service (it stops its runner, which shuts its Ray down), wait, then
+        SIGKILL what is left of its group and of its tree (a snapshot taken first). Returns
+        how many processes were left to SIGKILL."""
+        psutil = _psutil()
+        try:
+            tree = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace)
+        _, alive = psutil.wait_procs(tree, timeout=5)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=10)
+        return len(alive)
+
+
+# -- measurement --------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summarise(samples: list[tuple[float, int | str]]) -> dict[str, Any]:
+    lat = [ms for ms, _ in samples]
+    codes = collections.Counter(str(c) for _, c in samples)
+    errors = sum(n for c, n in codes.items() if not (c.isdigit() and 200 <= int(c) < 300))
+    return {
+        "requests": len(samples),
+        "errors": errors,
+        "codes": dict(codes),
+        "p50_ms": percentile(lat, 0.50),
+        "p95_ms": percentile(lat, 0.95),
+        "p99_ms": percentile(lat, 0.99),
+        "max_ms": max(lat) if lat else float("nan"),
+    }
+
+
+async def poll_phase(
+    base: str, job_ids: list[str], clients: int, seconds: float, interval: float
+) -> dict[str, Any]:
+    routes = {
+        "status": lambda j: (f"/v1/jobs/{j}", None),
+        "trials": lambda j: (f"/v1/jobs/{j}/trials", None),
+        "pareto": lambda j: (f"/v1/jobs/{j}/pareto", PARETO),
+    }
+    samples: dict[str, list[tuple[float, int | str]]] = {r: [] for r in routes}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    deadline = time.monotonic() + seconds
+
+    async def client(i: int, http: httpx.AsyncClient) -> None:
+        job = job_ids[i % len(job_ids)]
+        await asyncio.sleep(interval * i / clients)  # spread the clients' rounds
+        while time.monotonic() < deadline:
+            for name, route in routes.items():
+                path, params = route(job)
+                start = time.perf_counter()
+                try:
+                    r = await http.get(path, params=params)
+                    code: int | str = r.status_code
+                except httpx.HTTPError as exc:
+                    code = type(exc).__name__
+                samples[name].append(((time.perf_counter() - start) * 1e3, code))
+            if interval:
+                await asyncio.sleep(interval)
+
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as http:
+        started = time.monotonic()
+        await asyncio.gather(*(client(i, http) for i in range(clients)))
+        elapsed = time.monotonic() - started
+    out = {name: summarise(s) for name, s in samples.items()}
+    out["all"] = summarise([x for s in samples.values() for x in s])
+    out["all"]["per_s"] = out["all"]["requests"] / elapsed
+    return out
+
+
+async def submit_phase(base: str, submits: int) -> dict[str, Any]:
+    codes: list[int | str] = []
+    accepted: list[str] = []
+    limits = httpx.Limits(max_connections=submits, max_keepalive_connections=submits)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+        barrier = asyncio.Event()
+
+        async def submit(i: int) -> None:
+            await barrier.wait()
+            spec = JOB | {"name": f"burst{i}", "n_trials": 2, "sampler_seed": i}
+            try:
+                r = await http.post("/v1/jobs", json=spec)
+                codes.append(r.status_code)
+                if r.status_code == 201:
+                    accepted.append(str(r.json()["id"]))
+            except httpx.HTTPError as exc:
+                codes.append(type(exc).__name__)
+
+        tasks = [asyncio.create_task(submit(i)) for i in range(submits)]
+        await asyncio.sleep(0.1)
+        start = time.perf_counter()
+        barrier.set()
+        await asyncio.gather(*tasks)
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        for job_id in accepted:  # do not leave them to train
+            with contextlib.suppress(httpx.HTTPError):
+                await http.post(f"/v1/jobs/{job_id}/cancel")
+    hist = collections.Counter(str(c) for c in codes)
+    return {
+        "submitted": submits,
+        "accepted": len(accepted),
+        "codes": dict(hist),
+        "server_errors": sum(n for c, n in hist.items() if c.isdigit() and int(c) >= 500),
+        "exceptions": sum(n for c, n in hist.items() if not c.isdigit()),
+        "elapsed_ms": elapsed_ms,
+    }
+
+
+def active_jobs(http: httpx.Client) -> int:
+    return sum(
+        int(http.get("/v1/jobs", params={"status": s, "limit": 1}).json()["total"])
+        for s in ("pending", "running")
+    )
+
+
+def measure(db_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    svc = Service(db_url, args.max_jobs, workdir)
+    try:
+        svc.wait_healthy()
+        with httpx.Client(base_url=svc.base, timeout=60) as http:
+            job_ids = []
+            for i in range(args.jobs):
+                r = http.post("/v1/jobs", json=JOB | {"name": f"load{i}", "sampler_seed": i})
+                if r.status_code != 201:
+                    raise RuntimeError(f"submission refused: {r.status_code} {r.text[:500]}")
+                job_ids.append(str(r.json()["id"]))
+            deadline = time.monotonic() + args.warmup_timeout
+            while time.monotonic() < deadline:  # trials to read before measuring
+                done = [http.get(f"/v1/jobs/{j}").json()["progress"]["completed"] for j in job_ids]
+                if min(done) >= 1:
+                    break
+                time.sleep(1)
+            progress = [http.get(f"/v1/jobs/{j}").json()["progress"] for j in job_ids]
+            polls = asyncio.run(
+                poll_phase(svc.base, job_ids, args.clients, args.seconds, args.interval)
+            )
+            after = [http.get(f"/v1/jobs/{j}").json() for j in job_ids]
+            training = sum(j["progress"]["running"] for j in after)
+            pairs = zip(after, progress, strict=True)
+            trained = sum(a["progress"]["completed"] - b["completed"] for a, b in pairs)
+            for j in job_ids:
+                http.post(f"/v1/jobs/{j}/cancel")
+            active = active_jobs(http)
+            burst = asyncio.run(submit_phase(svc.base, args.submits))
+            burst["active_before"] = active
+            burst["expected"] = max(0, args.max_jobs - active)
+            alive = svc.proc.poll() is None
+    finally:
+        left = svc.stop()
+    return {
+        "polls": polls,
+        "submissions": burst,
+        "trials_completed_during": trained,
+        "running_at_end": training,
+        "service_alive": alive,
+        "killed_after_grace": left,
+        "log": str(svc.log_path),
+    }
+
+
+def report(db: str, r: dict[str, Any], args: argparse.Namespace) -> None:
+    print(
+        f"\n{db}: {args.clients} clients for {args.seconds:.0f} s, {args.interval:g} s between "
+        f"rounds, {args.jobs} jobs training ({r['trials_completed_during']} trials completed "
+        f"meanwhile); {r['polls']['all']['per_s']:.0f} requests/s"
+    )
+    head = ["requests", "errors", "p50 ms", "p95 ms", "p99 ms", "max ms"]
+    print(f"{'route':8} " + " ".join(f"{h:>9}" for h in head))
+    for name in ("status", "trials", "pareto", "all"):
+        s = r["polls"][name]
+        cells = [f"{s['requests']:9d}", f"{s['errors']:9d}"] + [
+            f"{s[k]:9.1f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+        ]
+        print(f"{name:8} " + " ".join(cells))
+    errs = {c: n for c, n in r["polls"]["all"]["codes"].items() if c != "200"}
+    if errs:
+        print(f"non-2xx / exceptions: {errs}")
+    b = r["submissions"]
+    print(
+        f"submissions: {b['submitted']} concurrent against max_concurrent_jobs={args.max_jobs} "
+        f"with {b['active_before']} active: accepted {b['accepted']} (expected {b['expected']}); "
+        f"codes {b['codes']}; 5xx {b['server_errors']}; exceptions {b['exceptions']}; "
+        f"{b['elapsed_ms']:.0f} ms"
+    )
+    worst = max(r["polls"][n]["p95_ms"] for n in ("status", "trials", "pareto"))
+    ok = (
+        r["polls"]["all"]["errors"] == 0
+        and worst <= P95_TARGET_MS
+        and b["accepted"] == b["expected"]
+        and b["server_errors"] == 0
+        and b["exceptions"] == 0
+    )
+    print(
+        f"target (0 errors, p95 ≤ {P95_TARGET_MS:.0f} ms, accepted == limit − active, no 5xx): "
+        f"{'met' if ok else 'NOT met'}; service alive at the end: {r['service_alive']}"
+    )
+    r["target_met"] = ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--db", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=0.5, help="per client, between rounds")
+    parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument("--submits", type=int, default=50)
+    parser.add_argument("--max-jobs", type=int, default=8, help="DEPTHSCOPE_MAX_CONCURRENT_JOBS")
+    parser.add_argument("--warmup-timeout", type=float, default=120.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix="ds-load-"))
+    drop = None
+    if args.db == "postgres":
+        db_url, drop = _load_support().temp_postgres()
+    else:
+        db_url = f"sqlite:///{workdir / 'load.db'}"
+    try:
+        result = measure(db_url, args, workdir)
+    finally:
+        if drop is not None:
+            drop()
+    report(args.db, result, args)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "load",
+                    "db": args.db,
+                    "args": vars(args) | {"json": str(args.json)},
+                    **result,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
