@@ -14,13 +14,13 @@ from nas_service import analysis
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS, job_results
-from nas_service.api.routing import ApiRoute
+from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import OptimumRead, ParetoRead, ScalingRead
 from nas_service.jobs import get_job
 from nas_service.results import optimum_by_variant, pareto_rows, scaling_by_variant
 from nas_service.spec import OBJECTIVE_METRICS
 
-router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute)
+router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)
 #: A plot is a PNG; without the trials it needs, a 409.
 PNG = {200: {"content": {"image/png": {}}, "description": "A PNG image"}} | responses(
     401, 404, 409, 422, 503

@@ -9,10 +9,10 @@ from pydantic import BaseModel
 
 from cost_model import ArchConfig, CostInputError, Parallelism, Workload, get_hardware, price
 from nas_service.api.errors import ApiError, responses
-from nas_service.api.routing import ApiRoute
+from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import CostRead, CostRequest
 
-router = APIRouter(prefix="/v1", tags=["cost"], route_class=ApiRoute)
+router = APIRouter(prefix="/v1", tags=["cost"], route_class=ApiRoute, dependencies=SECURED)
 
 
 def _build(kind: type, data: BaseModel, where: str) -> Any:

@@ -9,19 +9,22 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import responses
-from nas_service.api.routing import ApiRoute
+from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.db import JOB_STATES, RUN_STATES, Job, TrialRun
 
+#: The text format every Prometheus reads (what `generate_latest` writes).
+PROMETHEUS_TEXT = CONTENT_TYPE_PLAIN_0_0_4
 router = APIRouter(tags=["health"], route_class=ApiRoute)
-metrics_router = APIRouter(tags=["metrics"], route_class=ApiRoute)
+metrics_router = APIRouter(tags=["metrics"], route_class=ApiRoute, dependencies=SECURED)
 
 
 class HealthRead(BaseModel):
@@ -131,9 +134,14 @@ def metrics_registry(app: FastAPI) -> CollectorRegistry:
 @metrics_router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text"}}
+    responses={
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "Prometheus text (0.0.4)",
+        }
+    }
     | responses(401, 503),
 )
 def metrics(request: Request) -> Response:
     registry: CollectorRegistry = request.app.state.metrics
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(registry), media_type=PROMETHEUS_TEXT)

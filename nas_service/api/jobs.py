@@ -12,14 +12,14 @@ from sqlalchemy import func, select
 from cost_model import VARIANTS
 from nas_service.api.deps import ResultsDep, SessionDep, SessionFactoryDep, SettingsDep
 from nas_service.api.errors import ApiError, responses
-from nas_service.api.routing import ApiRoute
+from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import Compute, JobList, JobRead, Progress, TrialList, TrialRead
 from nas_service.db import JOB_STATES, Job
 from nas_service.jobs import cancel_job, get_job, submit_job
 from nas_service.results import JobResults, ResultsCache
 from nas_service.spec import JobSpec
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ApiRoute)
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ApiRoute, dependencies=SECURED)
 TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
 #: The largest offset of a page (a bound, so no query is ever asked for an absurd one).
 MAX_OFFSET = 1_000_000_000

@@ -6,9 +6,10 @@
   the limit is refused before anything is read.
 - `ApiRoute`: every API route. A route that needs the bearer token checks it before the body
   is read or parsed (a wrong token is a 401, whatever the body), and request bodies are
-  parsed as strict JSON: no `NaN`/`Infinity` literals, no number beyond a float's range, no
-  string with a NUL character or an unpaired surrogate (the databases cannot store them); each
-  is a 422 naming the field (`body` when the JSON itself is malformed).
+  parsed as strict JSON: no `NaN`/`Infinity` literals (Python's parser takes them), no float
+  that overflows, no integer beyond 64 bits, no string with a NUL character or an unpaired
+  surrogate (the databases cannot store them); each is a 422 naming the field (`body` when
+  the JSON itself is malformed).
 """
 
 from __future__ import annotations
@@ -18,15 +19,22 @@ import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import Request, Response
+from fastapi import Depends, Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from nas_service.api.deps import check_token, require_token
 from nas_service.api.errors import error_body
 
-#: Digits of the largest JSON integer read (a float holds about 1.8e308).
-MAX_INT_DIGITS = 300
+#: The dependencies of every router but health's: the bearer token (see `ApiRoute`).
+SECURED = [Depends(require_token)]
+
+#: Integers a request may hold: the signed 64-bit range (what the databases store, and what
+#: JSON numbers carry between implementations, RFC 8259 §6).
+INT_MIN, INT_MAX = -(1 << 63), (1 << 63) - 1
+#: Digits of an integer worth converting at all (longer ones are out of range, unread).
+_MAX_INT_DIGITS = 40
 
 
 class BodyRefused(StarletteHTTPException):
@@ -98,44 +106,29 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-def _json_error(doc: str, pos: int, msg: str) -> json.JSONDecodeError:
-    return json.JSONDecodeError(msg, doc, pos)
+class _OutOfRange(float):
+    """An integer literal too long to convert: out of range, reported with its field."""
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"{text} is out of range")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INT_DIGITS:
-        raise ValueError(f"an integer of {len(text)} digits is out of range")
+def _int(text: str) -> int | float:
+    if len(text.lstrip("-")) > _MAX_INT_DIGITS:
+        return _OutOfRange("inf")
     return int(text)
 
 
 def strict_json(body: bytes) -> Any:
-    """`json.loads` as RFC 8259 has it; any failure is a `JSONDecodeError` (field `body`)."""
+    """The body as JSON (RFC 8259): not UTF-8, or not JSON, is a `JSONDecodeError` (the
+    field `body`); then `check_values` refuses what no field may hold, naming the field."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise _json_error("", exc.start, "not UTF-8") from None
+        raise json.JSONDecodeError("not UTF-8", "", exc.start) from None
     try:
-        return json.loads(
-            text,
-            parse_constant=_refuse_constant,
-            parse_float=_finite_float,
-            parse_int=_bounded_int,
-        )
+        return json.loads(text, parse_int=_int)  # NaN/Infinity literals: refused below
     except json.JSONDecodeError:
         raise
     except (ValueError, RecursionError) as exc:
-        raise _json_error(text, 0, str(exc)) from None
+        raise json.JSONDecodeError(str(exc), text, 0) from None
 
 
 def _bad_text(value: str) -> str | None:
@@ -148,12 +141,26 @@ def _bad_text(value: str) -> str | None:
     return None
 
 
+def _bad_number(value: Any) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, _OutOfRange) or (
+        isinstance(value, int) and not INT_MIN <= value <= INT_MAX
+    ):
+        return "integer out of range (64-bit signed)"
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number (NaN, Infinity and overflowing numbers are not JSON)"
+    return None
+
+
 def _where(loc: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in loc) or "body"
 
 
-def check_strings(value: Any) -> None:
-    """Refuse a string (value or key) that no database can store, naming where it is."""
+def check_values(value: Any) -> None:
+    """Refuse, naming where it is, a number no field can hold (NaN, ±Infinity, a float that
+    overflows, an integer beyond 64 bits) and a string or key no database can store (a NUL
+    character, an unpaired surrogate)."""
     stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
     while stack:
         node, where = stack.pop()
@@ -169,21 +176,26 @@ def check_strings(value: Any) -> None:
                 stack.append((item, (*where, key)))
         elif isinstance(node, list):
             stack.extend((item, (*where, i)) for i, item in enumerate(node))
+        else:
+            reason = _bad_number(node)
+            if reason:
+                raise BodyRefused(422, reason, _where(where))
 
 
 class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             data = strict_json(await self.body())
-            check_strings(data)
+            check_values(data)
             self._json = data
         return self._json
 
 
 class ApiRoute(APIRoute):
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        from nas_service.api.deps import check_token, require_token
+    """Give secured routers `dependencies=SECURED`: their routes then check the token first
+    (a router's dependencies given at `include_router` are not seen by its routes)."""
 
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
         secured = any(d.dependency is require_token for d in self.dependencies)
 

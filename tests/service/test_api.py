@@ -139,9 +139,14 @@ def test_bad_queries(client: TestClient) -> None:
     )
     assert error(client.get(f"/v1/jobs/{job}/scaling", params={"loss": -2}), 422)["field"] == "loss"
     assert error(client.get(f"/v1/jobs/{job}/plots/optimum.png"), 409)
-    assert error(
-        client.post("/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}),
-        422,
+    assert (
+        error(
+            client.post(
+                "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+            ),
+            422,
+        )["field"]
+        == "body"  # not the character offset of the decode error
     )
 
 
@@ -183,7 +188,294 @@ def test_auth_on(tmp_path: Path) -> None:
         for method, path in (("GET", "/v1/jobs"), ("POST", "/v1/cost"), ("GET", "/metrics")):
             assert error(c.request(method, path), 401)["field"] == "authorization"
         assert error(c.get("/v1/jobs", headers={"Authorization": "Bearer wrong"}), 401)
+        assert error(c.get("/v1/jobs", headers=[(b"authorization", "Bearer tökén".encode())]), 401)
         assert c.get("/v1/jobs", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+
+
+def test_bad_input_is_a_4xx_naming_the_field_never_a_500(client: TestClient) -> None:
+    job = client.post("/v1/jobs", json=SPEC).json()["id"]
+    huge = str(2**63)
+    assert error(client.get("/v1/jobs", params={"offset": huge}), 422)["field"] == "offset"
+    assert (
+        error(client.get(f"/v1/jobs/{job}/trials", params={"offset": huge}), 422)["field"]
+        == "offset"
+    )
+    assert error(client.get(f"/v1/jobs/{job}/scaling", params={"loss": "inf"}), 422)["field"] == (
+        "loss"
+    )
+
+    def arch(extra: str = "", **fields: str) -> str:
+        values = {"n_layers": "2", "d_model": "64", "n_heads": "4"} | fields
+        inner = ", ".join(f'"{k}": {v}' for k, v in values.items())
+        return '{"arch": {' + inner + "}" + extra + "}"
+
+    raw = [  # JSON as sent; Python's json parser would take NaN and Infinity
+        (arch(ff_ratio="Infinity"), "arch.ff_ratio"),
+        (arch(ff_ratio="-Infinity"), "arch.ff_ratio"),
+        (arch(ff_ratio="NaN"), "arch.ff_ratio"),
+        (arch(ff_ratio="1e999"), "arch.ff_ratio"),
+        (arch(n_layers="null"), "arch.n_layers"),
+        (arch(d_model="null"), "arch.d_model"),
+        (arch(', "workload": {"micro_batch": null}'), "workload.micro_batch"),
+        (arch(', "hardware": null'), "hardware"),
+        (arch(n_layers=str(10**30)), "arch.n_layers"),
+        (arch(n_layers="9" * 5000), "arch.n_layers"),
+        (arch(seq_len=str(2**62)), "arch.seq_len"),
+        (arch(variant=r'"x\u0000"'), "arch.variant"),
+        ("[1, 2]", "request"),
+        ("{", "body"),
+        (arch() + " trailing", "body"),
+    ]
+    for body, field in raw:
+        r = client.post("/v1/cost", content=body, headers={"content-type": "application/json"})
+        assert error(r, 422)["field"] == field, body[:80]
+    not_utf8 = client.post(
+        "/v1/cost", content=b'{"hardware": "\xff"}', headers={"content-type": "application/json"}
+    )
+    assert error(not_utf8, 422)["field"] == "body"
+    # strings no database stores, and numbers no field holds, in a job spec: named, not stored
+    for path, value, field in (
+        ("name", r'"a\u0000b"', "name"),
+        ("name", r'"\ud800"', "name"),
+        ("training.lr", "Infinity", "training.lr"),
+        ("sampler_seed", str(2**64), "sampler_seed"),
+    ):
+        spec = json.dumps(bad_spec(path, "@@")).replace('"@@"', value)
+        r = client.post("/v1/jobs", content=spec, headers={"content-type": "application/json"})
+        assert error(r, 422)["field"] == field, spec[:80]
+    assert client.get("/v1/jobs").json()["total"] == 1
+
+
+def test_odd_job_ids_are_404_without_the_database(db_url: str) -> None:
+    """A NUL byte, or anything that is not a job id, is a 404 (on PostgreSQL, too: its text
+    cannot hold a NUL); a string that no database stores in a spec is a 422, not a 500."""
+    app = create_app(get_settings(database_url=db_url, max_trials=50))
+    with TestClient(app) as c:
+        job = c.post("/v1/jobs", json=SPEC).json()["id"]
+        for odd in ("%00", "a%00b", f"{job}%00", job.upper(), "%C3%A9", "x" * 300):
+            for path in (f"/v1/jobs/{odd}", f"/v1/jobs/{odd}/trials"):
+                assert error(c.get(path), 404)["field"] == "job_id", path
+            assert error(c.post(f"/v1/jobs/{odd}/cancel"), 404)["field"] == "job_id"
+        spec = json.dumps(SPEC | {"name": "nul\x00name"})  # sent as \u0000
+        r = c.post("/v1/jobs", content=spec, headers={"content-type": "application/json"})
+        assert error(r, 422)["field"] == "name"
+        assert c.get("/v1/jobs").json()["total"] == 1
+        assert c.get(f"/v1/jobs/{job}").status_code == 200
+
+
+def test_a_database_outage_is_a_json_503(tmp_path: Path) -> None:
+    """Every data route answers a JSON 503 with Retry-After when the database is down or its
+    pool has no connection to give (health says degraded); the cost model still answers."""
+    from sqlalchemy import create_engine
+
+    from nas_service.db import make_engine, make_sessionmaker
+
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'o.db'}", max_trials=50))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        job = c.post("/v1/jobs", json=SPEC).json()["id"]
+        routes = [
+            ("GET", "/v1/jobs", None),
+            ("POST", "/v1/jobs", SPEC),
+            ("GET", f"/v1/jobs/{job}", None),
+            ("POST", f"/v1/jobs/{job}/cancel", None),
+            ("GET", f"/v1/jobs/{job}/trials", None),
+            ("GET", f"/v1/jobs/{job}/pareto?metrics=val_loss,params", None),
+            ("GET", f"/v1/jobs/{job}/optimum", None),
+            ("GET", f"/v1/jobs/{job}/scaling", None),
+            ("GET", f"/v1/jobs/{job}/plots/pareto.png?metrics=val_loss,params", None),
+            ("GET", f"/v1/jobs/{job}/plots/optimum.png", None),
+            ("GET", "/metrics", None),
+        ]
+        live = app.state.sessions
+        down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/gone")  # refused
+        busy = make_engine(c.app.state.settings.database_url, pool_size=1, max_overflow=0,
+                           pool_timeout=0.2)  # fmt: skip
+        held = busy.connect()  # the pool's only connection, held: the next one times out
+        try:
+            for engine in (down, busy):
+                app.state.sessions = make_sessionmaker(engine)
+                for method, path, body in routes:
+                    r = c.request(method, path, json=body)
+                    assert error(r, 503)["field"] == "database", (method, path)
+                    assert int(r.headers["retry-after"]) > 0
+                health = c.get("/v1/health")
+                assert health.status_code == 503 and health.json()["status"] == "degraded"
+                assert (
+                    c.post(
+                        "/v1/cost", json={"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}}
+                    ).status_code
+                    == 200
+                )
+        finally:
+            held.close()
+            app.state.sessions = live
+            down.dispose()
+            busy.dispose()
+        assert c.get(f"/v1/jobs/{job}").json()["status"] == "pending"  # nothing was changed
+        assert c.get("/v1/jobs").json()["total"] == 1
+
+
+def test_unexpected_errors_are_the_json_shape(tmp_path: Path, monkeypatch: Any) -> None:
+    import nas_service.api.cost as cost_api
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(cost_api, "price", broken)
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'u.db'}"))
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/v1/cost", json={"arch": {"n_layers": 2, "d_model": 64, "n_heads": 4}})
+    assert r.headers["content-type"] == "application/json"
+    assert error(r, 500)["message"] == "internal error (RuntimeError)"  # no traceback
+
+
+def test_metrics_count_what_the_database_holds(client: TestClient) -> None:
+    import datetime as dt
+
+    from prometheus_client.parser import text_string_to_metric_families
+    from sqlalchemy import update
+
+    from nas_service.db import Job, TrialRun
+
+    ids = [client.post("/v1/jobs", json=SPEC | {"name": f"m{i}"}).json()["id"] for i in range(3)]
+    assert client.post(f"/v1/jobs/{ids[0]}/cancel").status_code == 200
+    t0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+    runs = [  # state, seconds (None: still running)
+        ("completed", 1.000125),
+        ("completed", 2.5),
+        ("failed", 0.250001),
+        ("pruned", 3.0),
+        ("running", None),
+    ]
+    with client.app.state.sessions.begin() as s:  # type: ignore[attr-defined]
+        s.execute(update(Job).where(Job.id == ids[1]).values(status="running", started_at=t0))
+        for n, (state, seconds) in enumerate(runs):
+            s.add(
+                TrialRun(
+                    job_id=ids[1],
+                    trial_number=n,
+                    state=state,
+                    params={},
+                    started_at=t0,
+                    finished_at=None if seconds is None else t0 + dt.timedelta(seconds=seconds),
+                )
+            )
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version=")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    jobs = {s.labels["state"]: s.value for s in families["depthscope_jobs"].samples}
+    assert jobs == {"pending": 1, "running": 1, "completed": 0, "failed": 0, "cancelled": 1}
+    trial_runs = {s.labels["state"]: s.value for s in families["depthscope_trial_runs"].samples}
+    assert trial_runs == {
+        "running": 1,
+        "completed": 2,
+        "pruned": 1,
+        "infeasible": 0,
+        "diverged": 0,
+        "failed": 1,
+        "lost": 0,
+    }
+    assert [s.value for s in families["depthscope_queue_depth"].samples] == [1]
+    summary = families["depthscope_trial_duration_seconds"]
+    assert summary.type == "summary"
+    values = {s.name: s.value for s in summary.samples}
+    assert values["depthscope_trial_duration_seconds_count"] == 4
+    assert values["depthscope_trial_duration_seconds_sum"] == pytest.approx(
+        1.000125 + 2.5 + 0.250001 + 3.0, abs=1e-9
+    )
+
+
+def _token_app(tmp_path: Path) -> Any:
+    return create_app(
+        get_settings(database_url=f"sqlite:///{tmp_path / 't.db'}", api_token="s3cret")
+    )
+
+
+def test_every_route_but_health_needs_the_token(tmp_path: Path) -> None:
+    """Every path and method of the OpenAPI document, with no token, a wrong one, another
+    scheme, and a non-ASCII one (raw bytes on the wire): a JSON 401, before the body is read."""
+    good = {"Authorization": "Bearer s3cret"}
+    with TestClient(_token_app(tmp_path)) as c:
+        job = c.post("/v1/jobs", json=SPEC, headers=good).json()["id"]
+        document = c.get("/openapi.json").json()
+        operations = [
+            (method.upper(), path.replace("{job_id}", job))
+            for path, ops in document["paths"].items()
+            for method in ops
+        ]
+        assert len(operations) >= 13
+        bad: list[Any] = [
+            None,
+            [(b"authorization", b"Bearer wrong")],
+            [(b"authorization", b"Basic czNjcmV0")],
+            [(b"authorization", b"s3cret")],
+            [(b"authorization", b"Bearer s3cret-and-more")],
+            [(b"authorization", "Bearer tökén".encode())],
+            [(b"authorization", "Bearer s3cretö".encode("latin-1"))],
+        ]
+        for method, path in operations:
+            if path == "/v1/health":
+                assert c.request(method, path).status_code == 200
+                continue
+            for headers in bad:
+                for content in (None, b"{not json"):
+                    r = c.request(
+                        method,
+                        path,
+                        headers=(headers or []) + [(b"content-type", b"application/json")],
+                        content=content,
+                    )
+                    assert error(r, 401)["field"] == "authorization", (method, path, headers)
+        assert c.get(f"/v1/jobs/{job}", headers=good).status_code == 200
+        assert c.get("/v1/jobs", headers=good).json()["total"] == 1  # nothing else was stored
+
+
+def test_openapi_documents_auth_errors_bodies_and_plots(tmp_path: Path) -> None:
+    with TestClient(_token_app(tmp_path)) as c:
+        document = c.get("/openapi.json").json()
+    schemes = document["components"]["securitySchemes"]
+    assert [s for s in schemes.values() if s == {**s, "type": "http", "scheme": "bearer"}]
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+
+    def documented(op: dict[str, Any], code: int) -> bool:
+        content = op["responses"].get(str(code), {}).get("content", {})
+        return bool(content.get("application/json", {}).get("schema") == error_ref)
+
+    for path, ops in document["paths"].items():
+        for method, op in ops.items():
+            if path == "/v1/health":
+                assert "security" not in op
+                continue
+            assert op.get("security"), (method, path)
+            assert documented(op, 401), (method, path)
+            if path != "/v1/cost":
+                assert documented(op, 503), (method, path)
+            if op.get("parameters") or op.get("requestBody"):
+                assert documented(op, 422), (method, path)
+            if "{job_id}" in path:
+                assert documented(op, 404), (method, path)
+            if op.get("requestBody"):
+                assert documented(op, 413), (method, path)
+            if path.endswith(".png"):
+                assert set(op["responses"]["200"]["content"]) == {"image/png"}
+                assert documented(op, 409)
+    paths = document["paths"]
+    assert documented(paths["/v1/jobs/{job_id}/cancel"]["post"], 409)
+    create = paths["/v1/jobs"]["post"]
+    assert documented(create, 429)
+    body = create["requestBody"]["content"]["application/json"]
+    assert body["schema"] == {"$ref": "#/components/schemas/JobSpec"}
+    from nas_service.spec import parse_spec
+
+    example = body["examples"]["quick"]["value"]
+    assert example["name"] == "quick-baseline-vs-block"
+    parse_spec(example)
+    assert "n_layers" in document["components"]["schemas"]["SearchSpace"]["properties"]
+    trials = document["components"]["schemas"]["TrialList"]["properties"]["items"]
+    assert trials["items"] == {"$ref": "#/components/schemas/TrialRead"}
+    cost = document["components"]["schemas"]["CostRequest"]["properties"]["arch"]
+    assert cost == {"$ref": "#/components/schemas/ArchIn"}
 
 
 def test_health_metrics_openapi(client: TestClient) -> None:
