@@ -3,9 +3,17 @@ streams each candidate's validation losses back while it trains, prunes the hope
 retries candidates whose worker died, and resumes after a crash.
 
 Only this process touches the database; workers are stateless. A trial is done only when
-told to the study. On start, trials a crashed runner left RUNNING are failed, marked lost
-(they do not count) and re-enqueued with the same parameters, so a job finishes with exactly
+told to the study. A runner drives a cluster only while it holds the cluster's lease
+(`nas_service.lease`), so two runners never drive one cluster. On start it concludes what a
+stopped runner left running (`nas_service.recovery`), so a job finishes with exactly
 `n_trials` counted trials, none duplicated, none lost.
+
+Faults stay where they happen: an exception while preparing, pricing, launching or
+concluding one trial fails that trial with the reason and an event; a job whose trials keep
+raising (`max_job_errors`) is failed; a job that cannot run at all (its stored spec, its
+corpus, more CPUs per trial than any node has) is failed at once with the reason. None of
+these stops the runner or another job. A database outage pauses the loop, which resumes
+where it was when the database answers again.
 
 Run it with `depthscope runner` (or `python -m nas_service.runner`).
 """
@@ -13,21 +21,26 @@ Run it with `depthscope runner` (or `python -m nas_service.runner`).
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime as dt
 import logging
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
 
+from nas_service.cluster import connect_ray, largest_node, retryable
 from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
+from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
+from nas_service.lease import Lease, LeaseLost
+from nas_service.recovery import jobs_to_recover, record_event, recover_job
 from nas_service.search import (
     ATTR_ARCH,
     ATTR_COSTS,
@@ -46,9 +59,11 @@ from nas_service.search import (
     suggest,
     train_summary,
 )
-from nas_service.settings import ClusterSettings, Settings, get_settings
-from nas_service.spec import JobSpec
+from nas_service.settings import Settings, get_settings
+from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
 from workers.train import EvalPoint, TrainResult
+
+__all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
 
 log = logging.getLogger(__name__)
 
@@ -56,61 +71,15 @@ MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
-def connect_ray(cluster: ClusterSettings) -> None:
-    """Start a local Ray (address None) or join the configured cluster, with its auth.
-
-    Ray reads its authentication settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) when it is
-    imported, so they are exported before the import; if Ray was imported already, its
-    cached token state is reset."""
-    already = "ray" in sys.modules
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    if cluster.auth_mode is not None:
-        os.environ["RAY_AUTH_MODE"] = cluster.auth_mode
-    if cluster.auth_token is not None:
-        os.environ["RAY_AUTH_TOKEN"] = cluster.auth_token.get_secret_value()
-        os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
-    import ray
-
-    if ray.is_initialized():
-        return
-    if already and (cluster.auth_mode is not None or cluster.auth_token is not None):
-        try:
-            from ray._raylet import AuthenticationTokenLoader, Config
-
-            Config.initialize("")
-            AuthenticationTokenLoader.instance().reset_cache()
-        except (ImportError, AttributeError):  # another Ray version: the import-time state
-            log.warning("could not refresh Ray's authentication state after import")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
-    if cluster.address is None:
-        ray.init(num_cpus=cluster.num_cpus, **kwargs)
-        return
-    runtime_env = None
-    if cluster.ship_code:
-        import cost_model
-        import workers
-
-        runtime_env = {
-            "py_modules": [
-                str(Path(cost_model.__file__).parent),
-                str(Path(workers.__file__).parent),
-            ]
-        }
-    ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
+class JobBroken(RuntimeError):
+    """A job that cannot run at all; it is failed with this reason."""
 
 
-def _retryable(exc: BaseException) -> bool:
-    """Lost workers and nodes are retried; an exception raised by the training code is not."""
-    import ray.exceptions as rex
-
-    lost = (
-        rex.WorkerCrashedError,
-        rex.NodeDiedError,
-        rex.ObjectLostError,
-        rex.OwnerDiedError,
-        rex.RaySystemError,
-    )
-    return isinstance(exc, lost) and not isinstance(exc, rex.RayTaskError)
+@dataclass
+class ActiveJob:
+    spec: JobSpec
+    study: optuna.Study
+    corpus: str | None
 
 
 @dataclass
@@ -131,9 +100,11 @@ class Flight:
 
 
 class Runner:
-    """Drives every active job on one Ray cluster (`cluster`, a name from the settings)."""
+    """Drives every active job on one Ray cluster (`cluster`, a name from the settings).
+    With `watch_parent`, it stops when the process that started it dies (`depthscope serve`
+    starts its runners so)."""
 
-    def __init__(self, settings: Settings, cluster: str = "local") -> None:
+    def __init__(self, settings: Settings, cluster: str = "local", watch_parent: bool = False):
         if cluster not in settings.clusters:
             raise ValueError(f"cluster: unknown {cluster!r}")
         self.settings = settings
@@ -141,21 +112,29 @@ class Runner:
         self.engine = make_engine(settings.database_url)
         self.Session = make_sessionmaker(self.engine)
         self.storage = optuna_storage(settings.database_url)
+        self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
         self.flights: list[Flight] = []
-        self.studies: dict[str, tuple[JobSpec, optuna.Study]] = {}
+        self.jobs: dict[str, ActiveJob] = {}
+        self.errors: collections.Counter[str] = collections.Counter()
+        self.backlog: list[tuple[Flight, Any]] = []  # results the database has not taken yet
+        self.parent = os.getppid() if watch_parent else None
+        self._event = record_event(self.Session)
 
     # -- bookkeeping ---------------------------------------------------------------------
-    def _event(
-        self, job_id: str, kind: str, message: str, data: dict[str, Any] | None = None
-    ) -> None:
-        with self.Session.begin() as s:
-            s.add(JobEvent(job_id=job_id, kind=kind, message=message, data=data))
-
-    def _study(self, job: Job) -> tuple[JobSpec, optuna.Study]:
-        if job.id not in self.studies:
-            spec = JobSpec.model_validate(job.spec)
-            self.studies[job.id] = (spec, load_study(spec, self.storage, job.study_name))
-        return self.studies[job.id]
+    def _job(self, job: Job) -> ActiveJob:
+        if job.id not in self.jobs:
+            try:
+                spec = parse_spec(job.spec)
+            except SpecError as exc:
+                raise JobBroken(f"the stored spec is no longer valid: {exc}") from None
+            try:
+                corpus = resolve_corpus(spec.training.corpus, self.settings)
+            except SpecError as exc:
+                raise JobBroken(str(exc)) from None
+            self.jobs[job.id] = ActiveJob(
+                spec, load_study(spec, self.storage, job.study_name), corpus
+            )
+        return self.jobs[job.id]
 
     @staticmethod
     def counted(study: optuna.Study) -> int:
@@ -167,35 +146,21 @@ class Runner:
 
     # -- recovery ------------------------------------------------------------------------
     def recover(self) -> int:
-        """Fail, mark lost and re-enqueue the trials a crashed runner left running."""
+        """Conclude what a stopped runner left running (see `nas_service.recovery`)."""
         requeued = 0
-        with self.Session() as s:
-            jobs = [
-                j
-                for j in active_jobs(s)
-                if j.status == "running" and j.spec.get("cluster") == self.cluster
-            ]
-        for job in jobs:
-            _, study = self._study(job)
-            left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            retried = {t.user_attrs.get("ds_retry_of") for t in study.get_trials(deepcopy=False)}
-            for t in left:
-                # enqueue before failing, and only once: a crash in between must neither
-                # lose the trial nor enqueue it twice
-                if t.number not in retried:
-                    study.enqueue_trial(dict(t.params), user_attrs={"ds_retry_of": t.number})
-                self.storage.set_trial_user_attr(t._trial_id, ATTR_LOST, True)
-                self.storage.set_trial_user_attr(t._trial_id, ATTR_OUTCOME, "lost")
-                study.tell(t.number, state=TrialState.FAIL)
-            requeued += len(left)
-            with self.Session.begin() as s:
-                for run in s.scalars(
-                    select(TrialRun).where(TrialRun.job_id == job.id, TrialRun.state == "running")
-                ):
-                    run.state, run.reason = "lost", "the runner stopped while it ran"
-                    run.finished_at = dt.datetime.now(dt.UTC)
-            if left:
-                self._event(job.id, "recovered", f"re-enqueued {len(left)} trials left running")
+        for job in jobs_to_recover(self.Session, self.cluster):
+            try:
+                study = self._job(job).study
+            except JobBroken:
+                study = optuna.load_study(study_name=job.study_name, storage=self.storage)
+            requeued += recover_job(
+                job,
+                study,
+                self.storage,
+                self.Session,
+                self.settings.max_trial_recoveries,
+                self._event,
+            )
         return requeued
 
     # -- the loop ------------------------------------------------------------------------
@@ -203,19 +168,90 @@ class Runner:
         self, until_idle: bool = True, timeout_s: float | None = None, poll_s: float = 0.5
     ) -> None:
         """Work until every active job of this cluster is finished (`until_idle`) or forever."""
-        connect_ray(self.settings.clusters[self.cluster])
-        self.recover()
         start = time.monotonic()
-        while True:
-            busy = self._schedule()
-            if not busy and not self.flights and until_idle:
-                return
+
+        def check_time() -> None:
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"runner still busy after {timeout_s}s")
-            if self.flights:
-                self._poll(poll_s)
-            else:
-                time.sleep(poll_s)
+
+        self._acquire(check_time, poll_s)
+        try:
+            connect_ray(self.settings.clusters[self.cluster])
+            self._until_database(self.recover, check_time)
+            outage = 0
+            while True:
+                check_time()
+                if self._orphaned():
+                    log.warning("the service that started this runner is gone; stopping")
+                    return
+                try:
+                    if self.lease.renew_due():
+                        self.lease.renew()
+                    self._drain_backlog()
+                    busy = self._schedule()
+                    if not busy and not self.flights and until_idle:
+                        return
+                    if self.flights:
+                        self._poll(poll_s)
+                    else:
+                        time.sleep(poll_s)
+                    outage = 0
+                except LeaseLost:
+                    log.error("cluster %s: lease taken by another runner; stopping", self.cluster)
+                    self._abandon_flights()
+                    raise
+                except Exception as exc:
+                    if not is_database_outage(exc):
+                        raise
+                    outage += 1
+                    log.warning("database unavailable (%s); retrying", describe(exc))
+                    time.sleep(min(10.0, poll_s * 2**outage))
+        finally:
+            try:
+                self.lease.release()
+            except Exception as exc:  # the lease expires by itself
+                log.warning("could not release the lease: %s", describe(exc))
+
+    def _acquire(self, check_time: Any, poll_s: float) -> None:
+        """Wait until this runner holds the cluster's lease."""
+        waited = False
+        while True:
+            check_time()
+            try:
+                if self.lease.try_acquire():
+                    if waited:
+                        log.info("cluster %s: lease acquired", self.cluster)
+                    return
+                if not waited:
+                    log.info(
+                        "cluster %s is driven by %s; waiting for its lease",
+                        self.cluster,
+                        self.lease.current_holder(),
+                    )
+                waited = True
+            except Exception as exc:
+                if not is_database_outage(exc):
+                    raise
+                log.warning("database unavailable (%s); retrying", describe(exc))
+            if self._orphaned():
+                raise SystemExit("the service that started this runner is gone")
+            time.sleep(max(poll_s, min(5.0, self.lease.duration_s / 3)))
+
+    def _until_database(self, step: Any, check_time: Any) -> Any:
+        delay = 0.5
+        while True:
+            check_time()
+            try:
+                return step()
+            except Exception as exc:
+                if not is_database_outage(exc):
+                    raise
+                log.warning("database unavailable (%s); retrying", describe(exc))
+                time.sleep(delay)
+                delay = min(10.0, delay * 2)
+
+    def _orphaned(self) -> bool:
+        return self.parent is not None and os.getppid() != self.parent
 
     def _schedule(self) -> bool:
         """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
@@ -225,55 +261,126 @@ class Runner:
                 f.job_id for f in self.flights
             }
         for job_id in cancelled:
-            self._cancel_flights(job_id)
+            self._cancel_flights(job_id, "cancelled", "job cancelled")
         for job in jobs:
-            spec, study = self._study(job)
-            if job.status == "pending":
-                with self.Session.begin() as s:
-                    row = s.get(Job, job.id)
-                    assert row is not None
-                    row.status, row.started_at = "running", dt.datetime.now(dt.UTC)
-                    row.events.append(
-                        JobEvent(kind="started", message=f"on cluster {self.cluster}")
-                    )
-            done = self.counted(study)
-            mine = [f for f in self.flights if f.job_id == job.id]
-            while done + len(mine) < spec.n_trials and len(mine) < spec.max_concurrent:
-                flight = self._ask(job.id, spec, study)
-                if flight is None:
-                    done += 1
-                else:
-                    mine.append(flight)
-            if done >= spec.n_trials and not mine:
-                with self.Session.begin() as s:
-                    row = s.get(Job, job.id)
-                    assert row is not None
-                    row.status, row.finished_at = "completed", dt.datetime.now(dt.UTC)
-                    row.events.append(JobEvent(kind="completed", message=f"{done} trials"))
-                self.studies.pop(job.id, None)
+            try:
+                self._schedule_job(job)
+            except Exception as exc:
+                if is_database_outage(exc) or isinstance(exc, LeaseLost):
+                    raise
+                self._job_error(job.id, exc, fatal=isinstance(exc, JobBroken))
         return bool(jobs)
 
-    def _ask(self, job_id: str, spec: JobSpec, study: optuna.Study) -> Flight | None:
-        trial = study.ask()
-        params = suggest(trial, spec)
-        priced = price_candidate(spec, params)
-        if priced.arch_dict is not None:
-            trial.set_user_attr(ATTR_ARCH, priced.arch_dict)
-        trial.set_user_attr(ATTR_COSTS, priced.metrics)
-        if priced.outcome != "train":
-            trial.set_user_attr(ATTR_OUTCOME, priced.outcome)
-            trial.set_user_attr(ATTR_REASON, priced.reason)
-            study.tell(trial, state=TrialState.PRUNED)
-            return None
+    def _schedule_job(self, job: Job) -> None:
+        active = self._job(job)
+        spec, study = active.spec, active.study
+        if job.status == "pending":
+            self._check_resources(spec)
+            with self.Session.begin() as s:
+                row = s.get(Job, job.id)
+                assert row is not None
+                row.status, row.started_at = "running", dt.datetime.now(dt.UTC)
+                row.events.append(JobEvent(kind="started", message=f"on cluster {self.cluster}"))
+        done = self.counted(study)
+        mine = [f for f in self.flights if f.job_id == job.id]
+        while done + len(mine) < spec.n_trials and len(mine) < spec.max_concurrent:
+            if self.errors[job.id] >= self.settings.max_job_errors:
+                return
+            flight = self._ask(job.id, active)
+            if flight is None:
+                done += 1
+            else:
+                mine.append(flight)
+        if done >= spec.n_trials and not mine:
+            with self.Session.begin() as s:
+                row = s.get(Job, job.id)
+                assert row is not None
+                row.status, row.finished_at = "completed", dt.datetime.now(dt.UTC)
+                row.events.append(JobEvent(kind="completed", message=f"{done} trials"))
+            self.jobs.pop(job.id, None)
+
+    def _check_resources(self, spec: JobSpec) -> None:
+        cpus = spec.training.threads or 1
+        node = largest_node()
+        if cpus > node["CPU"]:
+            raise JobBroken(
+                f"training.threads: each trial needs {cpus} CPUs, but the largest node of "
+                f"cluster {self.cluster} has {node['CPU']:g}: no trial could ever start"
+            )
+
+    def _job_error(self, job_id: str, exc: BaseException, fatal: bool = False) -> None:
+        """An error of one job: recorded; the job fails at once if `fatal`, else after
+        `max_job_errors`."""
+        reason = describe(exc) if not isinstance(exc, JobBroken) else str(exc)
+        self.errors[job_id] += 1
+        log.warning("job %s: %s", job_id, reason, exc_info=not fatal)
+        if not fatal and self.errors[job_id] < self.settings.max_job_errors:
+            self._event(job_id, "runner_error", reason)
+            return
+        if not fatal:
+            reason = f"{self.errors[job_id]} errors while running its trials; the last: {reason}"
+        self._cancel_flights(job_id, "failed", "job failed")
         with self.Session.begin() as s:
-            run = TrialRun(job_id=job_id, trial_number=trial.number, params=params)
-            s.add(run)
-            s.flush()
-            run_id = run.id
-        flight = Flight(job_id, spec, study, trial, priced, run_id)
-        self._launch(flight)
+            row = s.get(Job, job_id)
+            if row is not None and row.status in ("pending", "running"):
+                row.status, row.error = "failed", reason
+                row.finished_at = dt.datetime.now(dt.UTC)
+                row.events.append(JobEvent(kind="failed", message=reason))
+        self.jobs.pop(job_id, None)
+
+    def _ask(self, job_id: str, active: ActiveJob) -> Flight | None:
+        """Ask the study for a trial, price it, and launch it (or tell why not). The run row
+        is written before the ask, so a runner that dies in between leaves a trace that the
+        next runner's recovery follows (`trial_number` -1 until the ask returns)."""
+        spec, study = active.spec, active.study
+        run_id = self._new_run(job_id, -1, {}, attempt=1)
+        trial = study.ask()
+        try:
+            params = suggest(trial, spec)
+            self._update_run(run_id, trial.number, params)
+            priced = price_candidate(spec, params, corpus=active.corpus)
+            if priced.arch_dict is not None:
+                trial.set_user_attr(ATTR_ARCH, priced.arch_dict)
+            trial.set_user_attr(ATTR_COSTS, priced.metrics)
+            if priced.outcome != "train":
+                self._tell(study, trial, priced.outcome, priced.reason, TrialState.PRUNED)
+                self._drop_run(run_id)  # never trained: no attempt to record
+                return None
+            flight = Flight(job_id, spec, study, trial, priced, run_id)
+            self._launch(flight)
+        except Exception as exc:
+            if is_database_outage(exc):
+                raise
+            reason = f"the runner could not start this trial: {describe(exc)}"
+            self._tell(study, trial, "failed", reason, TrialState.FAIL)
+            self._update_run(run_id, trial.number)
+            self._close_run(run_id, "failed", reason)
+            self._event(job_id, "trial_failed", f"trial {trial.number}: {reason}")
+            self._job_error(job_id, exc)
+            return None
         self.flights.append(flight)
         return flight
+
+    def _new_run(self, job_id: str, number: int, params: dict[str, Any], attempt: int) -> int:
+        with self.Session.begin() as s:
+            run = TrialRun(job_id=job_id, trial_number=number, params=params, attempt=attempt)
+            s.add(run)
+            s.flush()
+            return run.id
+
+    def _update_run(self, run_id: int, number: int, params: dict[str, Any] | None = None) -> None:
+        with self.Session.begin() as s:
+            run = s.get(TrialRun, run_id)
+            if run is not None:
+                run.trial_number = number
+                if params is not None:
+                    run.params = params
+
+    def _drop_run(self, run_id: int) -> None:
+        with self.Session.begin() as s:
+            run = s.get(TrialRun, run_id)
+            if run is not None:
+                s.delete(run)
 
     def _launch(self, flight: Flight) -> None:
         import ray
@@ -295,30 +402,80 @@ class Runner:
         ready_ids = {id(g) for g in ready}
         for flight in [f for f in self.flights if id(f.gen) in ready_ids]:
             try:
-                item = ray.get(next(flight.gen))
+                item: Any = ray.get(next(flight.gen))
             except StopIteration:
-                self._fail(flight, "the training task ended without a result")
-                continue
+                item = RuntimeError("the training task ended without a result")
             except Exception as exc:
-                self._lost_worker(flight, exc)
-                continue
+                item = exc
+            self._conclude(flight, item)
+
+    def _conclude(self, flight: Flight, item: Any) -> None:
+        """Act on what came back for `flight`; a database outage keeps it for later."""
+        try:
             if isinstance(item, EvalPoint):
                 self._on_point(flight, item)
-            else:
+            elif isinstance(item, TrainResult):
                 self._on_result(flight, item)
+            else:
+                self._lost_worker(flight, item)
+        except Exception as exc:
+            if is_database_outage(exc):
+                self.backlog.append((flight, item))
+                raise
+            reason = f"the runner could not record this trial: {describe(exc)}"
+            log.warning("job %s trial %d: %s", flight.job_id, flight.trial.number, reason)
+            self._stop_task(flight)
+            self._fail(flight, reason)
+            self._job_error(flight.job_id, exc)
+
+    def _drain_backlog(self) -> None:
+        while self.backlog:
+            flight, item = self.backlog.pop(0)
+            if flight in self.flights:
+                self._conclude(flight, item)
 
     # -- outcomes ------------------------------------------------------------------------
-    def _finish_run(self, flight: Flight, state: str, reason: str) -> None:
+    def _tell(
+        self,
+        study: optuna.Study,
+        trial: optuna.Trial,
+        outcome: str,
+        reason: str,
+        state: TrialState | None = None,
+        values: list[float] | None = None,
+        **attrs: Any,
+    ) -> None:
+        """The one way a trial is concluded: its outcome, reason and other attributes, then
+        the state (or the objective values) told to the study."""
+        try:
+            for key, value in attrs.items():
+                trial.set_user_attr(key, value)
+            trial.set_user_attr(ATTR_OUTCOME, outcome)
+            if reason:
+                trial.set_user_attr(ATTR_REASON, reason)
+            study.tell(trial, values, state=state)
+        except optuna.exceptions.UpdateFinishedTrialError as exc:
+            log.info("trial %d was concluded already: %s", trial.number, exc)
+        except ValueError as exc:  # told already (a retry after an outage, a recovery)
+            if not str(exc).startswith("Cannot tell a"):
+                raise
+            log.info("trial %d was concluded already: %s", trial.number, exc)
+
+    def _close_run(self, run_id: int, state: str, reason: str) -> None:
         with self.Session.begin() as s:
-            run = s.get(TrialRun, flight.run_id)
-            if run is not None:
-                run.state, run.reason, run.attempt = state, reason, flight.attempt
+            run = s.get(TrialRun, run_id)
+            if run is not None and run.state == "running":
+                run.state, run.reason = state, reason
                 run.finished_at = dt.datetime.now(dt.UTC)
+
+    def _finish_run(self, flight: Flight, state: str, reason: str) -> None:
+        self._close_run(flight.run_id, state, reason)
         if flight in self.flights:
             self.flights.remove(flight)
 
     def _on_point(self, flight: Flight, point: EvalPoint) -> None:
-        flight.points.append(point)
+        if not flight.points or flight.points[-1] is not point:  # not again after an outage
+            flight.points.append(point)
         if flight.seed != 0 or flight.spec.pruner == "none":
             return
         trial, spec = flight.trial, flight.spec
@@ -328,9 +485,9 @@ class Runner:
             if trial.should_prune():
                 reason = f"median pruner at step {point.step} (val_loss {point.val_loss:.4f})"
         else:
-            budget_tokens = (
-                flight.priced.train_spec.planned_steps() * flight.priced.train_spec.tokens_per_step
-            )  # type: ignore[union-attr]
+            train = flight.priced.train_spec
+            assert train is not None
+            budget_tokens = train.planned_steps() * train.tokens_per_step
             finished = flight.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             curves = [t.user_attrs.get(ATTR_CURVE, []) for t in finished]
             reason = cannot_reach_front(
@@ -343,24 +500,19 @@ class Runner:
             )
         if reason is None:
             return
-        import ray
-
-        ray.cancel(flight.gen, force=True)
-        trial.set_user_attr(ATTR_OUTCOME, "pruned")
-        trial.set_user_attr(ATTR_REASON, reason)
-        trial.set_user_attr(ATTR_CURVE, curve_rows(flight.points))
-        flight.study.tell(trial, state=TrialState.PRUNED)
+        self._stop_task(flight)
+        curve = curve_rows(flight.points)
+        self._tell(flight.study, trial, "pruned", reason, TrialState.PRUNED, **{ATTR_CURVE: curve})
         self._finish_run(flight, "pruned", reason)
 
     def _on_result(self, flight: Flight, result: TrainResult) -> None:
         trial = flight.trial
-        flight.results.append(result)
+        if not flight.results or flight.results[-1] is not result:
+            flight.results.append(result)
+        train = [train_summary(r) for r in flight.results]
         if result.status == "diverged":  # recorded, never retried
-            trial.set_user_attr(ATTR_OUTCOME, "diverged")
-            trial.set_user_attr(ATTR_REASON, result.reason)
-            trial.set_user_attr(ATTR_TRAIN, [train_summary(r) for r in flight.results])
-            trial.set_user_attr(ATTR_CURVE, curve_rows(result.curve))
-            flight.study.tell(trial, state=TrialState.FAIL)
+            attrs = {ATTR_TRAIN: train, ATTR_CURVE: curve_rows(result.curve)}
+            self._tell(flight.study, trial, "diverged", result.reason, TrialState.FAIL, **attrs)
             self._finish_run(flight, "diverged", result.reason)
             return
         if flight.seed + 1 < flight.spec.seeds:
@@ -369,25 +521,28 @@ class Runner:
             return
         losses = [r.final_val_loss for r in flight.results]
         stats = seed_statistics(losses)
-        trial.set_user_attr(ATTR_OUTCOME, "completed")
-        trial.set_user_attr(ATTR_TRAIN, [train_summary(r) for r in flight.results])
-        trial.set_user_attr(ATTR_CURVE, curve_rows(flight.results[0].curve))
-        trial.set_user_attr("val_loss_seeds", stats | {"values": losses})
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics)
-        flight.study.tell(trial, values)
+        attrs = {
+            ATTR_TRAIN: train,
+            ATTR_CURVE: curve_rows(flight.results[0].curve),
+            "val_loss_seeds": stats | {"values": losses},
+        }
+        self._tell(flight.study, trial, "completed", "", values=values, **attrs)
         self._finish_run(flight, "completed", "")
 
     def _fail(self, flight: Flight, reason: str) -> None:
-        flight.trial.set_user_attr(ATTR_OUTCOME, "failed")
-        flight.trial.set_user_attr(ATTR_REASON, reason)
-        flight.study.tell(flight.trial, state=TrialState.FAIL)
+        self._tell(flight.study, flight.trial, "failed", reason, TrialState.FAIL)
         self._finish_run(flight, "failed", reason)
         self._event(flight.job_id, "trial_failed", f"trial {flight.trial.number}: {reason}")
 
     def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        if _retryable(exc) and flight.attempt < MAX_ATTEMPTS:
+        reason = describe(exc)
+        if retryable(exc) and flight.attempt < MAX_ATTEMPTS:
+            self._close_run(flight.run_id, "lost", reason)
             flight.attempt += 1
+            flight.run_id = self._new_run(
+                flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
+            )
             self._event(
                 flight.job_id,
                 "trial_retry",
@@ -395,16 +550,28 @@ class Runner:
             )
             self._launch(flight)
             return
-        self._fail(flight, f"after {flight.attempt} attempts: {reason}")
+        tries = f"after {flight.attempt} attempts: " if flight.attempt > 1 else ""
+        self._fail(flight, tries + reason)
 
-    def _cancel_flights(self, job_id: str) -> None:
+    def _stop_task(self, flight: Flight) -> None:
         import ray
 
-        for flight in [f for f in self.flights if f.job_id == job_id]:
+        try:
             ray.cancel(flight.gen, force=True)
-            flight.trial.set_user_attr(ATTR_OUTCOME, "cancelled")
-            flight.study.tell(flight.trial, state=TrialState.FAIL)
-            self._finish_run(flight, "failed", "job cancelled")
+        except Exception as exc:  # already finished or its worker gone: nothing to stop
+            log.debug("cancel of trial %d: %s", flight.trial.number, exc)
+
+    def _cancel_flights(self, job_id: str, outcome: str, reason: str) -> None:
+        for flight in [f for f in self.flights if f.job_id == job_id]:
+            self._stop_task(flight)
+            self._tell(flight.study, flight.trial, outcome, reason, TrialState.FAIL)
+            self._finish_run(flight, "failed", reason)
+
+    def _abandon_flights(self) -> None:
+        """Stop every task without telling anything (the lease holder recovers them)."""
+        for flight in self.flights:
+            self._stop_task(flight)
+        self.flights.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -413,17 +580,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--database-url", help="default: DEPTHSCOPE_DATABASE_URL")
     parser.add_argument("--forever", action="store_true", help="keep polling for new jobs")
     parser.add_argument("--timeout", type=float, help="give up after this many seconds")
+    parser.add_argument(
+        "--watch-parent", action="store_true", help="stop when the starting process dies"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # SIGTERM ends the loop through its `finally` (the lease is given back, Ray shut down)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.watch_parent:
+        _die_with_parent()
     overrides: dict[str, Any] = {}
     if args.database_url:
         overrides["database_url"] = args.database_url
     settings = get_settings(**overrides)
     upgrade(settings.database_url)
-    Runner(settings, args.cluster).run(until_idle=not args.forever, timeout_s=args.timeout)
+    runner = Runner(settings, args.cluster, watch_parent=args.watch_parent)
+    runner.run(until_idle=not args.forever, timeout_s=args.timeout)
     return 0
+
+
+def _die_with_parent() -> None:
+    """Linux: ask for SIGTERM when the parent dies (the loop also checks `getppid`)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the getppid check alone
+        pass
 
 
 if __name__ == "__main__":

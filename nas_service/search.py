@@ -148,8 +148,15 @@ class Priced:
     train_spec: TrainSpec | None
 
 
-def price_candidate(spec: JobSpec, params: dict[str, Any], seed: int = 0) -> Priced:
-    """Arch for the params, every cost metric, the constraints, and the `TrainSpec`."""
+_SPEC_CORPUS: Any = object()
+
+
+def price_candidate(
+    spec: JobSpec, params: dict[str, Any], seed: int = 0, corpus: str | None = _SPEC_CORPUS
+) -> Priced:
+    """Arch for the params, every cost metric, the constraints, and the `TrainSpec`.
+    `corpus` is what the workers read: the runner passes the spec's corpus as resolved
+    against the operator's settings (`spec.resolve_corpus`); by default the spec's own."""
     candidate = build_candidate(spec, {**split_residual(params["residual"]), **params})
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
@@ -178,7 +185,7 @@ def price_candidate(spec: JobSpec, params: dict[str, Any], seed: int = 0) -> Pri
         weight_decay=t.weight_decay,
         n_evals=t.n_evals,
         eval_batches=t.eval_batches,
-        corpus=t.corpus,
+        corpus=t.corpus if corpus is _SPEC_CORPUS else corpus,
         seed=seed,
         threads=t.threads,
         device="auto",

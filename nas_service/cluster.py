@@ -1,0 +1,115 @@
+"""The runner's Ray connection: start a local Ray or join a configured cluster, with its
+authentication; keep the service's secrets out of the workers; what the cluster can run.
+
+Workers are stateless compute. A local Ray's workers inherit the environment of the process
+that started Ray, so the runner starts it without the service's own settings in the
+environment (`DEPTHSCOPE_*`: the database URL with its password, the API token, cluster
+tokens). A remote cluster's workers have their own environment; nothing of the runner's is
+sent to them but the code (`ship_code`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nas_service.settings import ClusterSettings
+
+log = logging.getLogger(__name__)
+
+#: Environment variables no worker may see (prefixes).
+SECRET_PREFIXES = ("DEPTHSCOPE_",)
+SECRET_NAMES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "PGPASSWORD", "DATABASE_URL")
+
+
+@contextlib.contextmanager
+def scrubbed_environment() -> Iterator[None]:
+    """Remove the service's secrets from `os.environ` for the duration (the processes a
+    local `ray.init` starts are spawned now and keep this environment); restore them after."""
+    removed = {
+        k: v for k, v in os.environ.items() if k.startswith(SECRET_PREFIXES) or k in SECRET_NAMES
+    }
+    for k in removed:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(removed)
+
+
+def connect_ray(cluster: ClusterSettings) -> None:
+    """Start a local Ray (address None) or join the configured cluster, with its auth.
+
+    Ray reads its authentication settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) when it is
+    imported, so they are exported before the import; if Ray was imported already, its
+    cached token state is reset."""
+    already = "ray" in sys.modules
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if cluster.address is not None:
+        if cluster.auth_mode is not None:
+            os.environ["RAY_AUTH_MODE"] = cluster.auth_mode
+        if cluster.auth_token is not None:
+            os.environ["RAY_AUTH_TOKEN"] = cluster.auth_token.get_secret_value()
+            os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+    import ray
+
+    if ray.is_initialized():
+        return
+    if already and (cluster.auth_mode is not None or cluster.auth_token is not None):
+        try:
+            from ray._raylet import AuthenticationTokenLoader, Config
+
+            Config.initialize("")
+            AuthenticationTokenLoader.instance().reset_cache()
+        except (ImportError, AttributeError):  # another Ray version: the import-time state
+            log.warning("could not refresh Ray's authentication state after import")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
+    if cluster.address is None:
+        with scrubbed_environment():
+            ray.init(num_cpus=cluster.num_cpus, **kwargs)
+        return
+    runtime_env = None
+    if cluster.ship_code:
+        import cost_model
+        import workers
+
+        runtime_env = {
+            "py_modules": [
+                str(Path(cost_model.__file__).parent),
+                str(Path(workers.__file__).parent),
+            ]
+        }
+    ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
+
+
+def largest_node() -> dict[str, float]:
+    """The resources of the largest alive node (CPU, GPU): what one trial can ask for."""
+    import ray
+
+    best: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
+    for node in ray.nodes():
+        if not node.get("Alive", False):
+            continue
+        res = node.get("Resources", {})
+        if res.get("CPU", 0.0) > best["CPU"]:
+            best = {"CPU": float(res.get("CPU", 0.0)), "GPU": float(res.get("GPU", 0.0))}
+    return best
+
+
+def retryable(exc: BaseException) -> bool:
+    """Lost workers and nodes are retried; an exception raised by the training code is not."""
+    import ray.exceptions as rex
+
+    lost = (
+        rex.WorkerCrashedError,
+        rex.NodeDiedError,
+        rex.ObjectLostError,
+        rex.OwnerDiedError,
+        rex.RaySystemError,
+    )
+    return isinstance(exc, lost) and not isinstance(exc, rex.RayTaskError)

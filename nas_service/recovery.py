@@ -1,0 +1,144 @@
+"""What a runner does first: conclude what a stopped runner left running.
+
+- A trial of a running job left RUNNING is failed, marked lost (it does not count) and
+  re-enqueued with the same parameters, once: enqueue before failing, so a crash in between
+  neither loses it nor enqueues it twice.
+- A trial of a job cancelled (or failed) while no runner was alive is concluded as cancelled
+  (or failed); nothing is re-enqueued for it.
+- A poisoned trial is not retried forever: a left trial is *suspect* when no other trial
+  finished after it started (the runner died while it ran and nothing else made progress).
+  After `max_trial_recoveries` suspect stops in a row its candidate is failed with the
+  reason, counted, and not re-enqueued.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from nas_service.db import Job, JobEvent, TrialRun
+from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON
+
+log = logging.getLogger(__name__)
+
+ATTR_RETRY_OF = "ds_retry_of"
+ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
+
+
+def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
+    """This cluster's running jobs, and its finished jobs that still have a run open."""
+    with sessions() as s:
+        open_runs = select(TrialRun.job_id).where(TrialRun.state == "running")
+        jobs = s.scalars(
+            select(Job).where(
+                or_(Job.status == "running", Job.id.in_(open_runs)),
+            )
+        ).all()
+        return [j for j in jobs if j.spec.get("cluster") == cluster]
+
+
+def _progress_since(s: Session, started: dt.datetime | None) -> bool:
+    if started is None:
+        return True  # unknown: do not count it against the candidate
+    when = started.astimezone(dt.UTC) if started.tzinfo is None else started
+    finished = s.scalar(
+        select(func.count())
+        .select_from(TrialRun)
+        .where(TrialRun.state != "lost", TrialRun.finished_at > when)
+    )
+    return bool(finished)
+
+
+def recover_job(
+    job: Job,
+    study: optuna.Study,
+    storage: optuna.storages.BaseStorage,
+    sessions: sessionmaker[Session],
+    max_suspect: int,
+    event: Callable[[str, str, str, dict[str, Any] | None], None],
+) -> int:
+    """Conclude `job`'s trials left RUNNING; returns how many were re-enqueued."""
+    left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    requeued, poisoned = 0, []
+    if job.status == "running":
+        retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in study.get_trials(deepcopy=False)}
+        for t in left:
+            with sessions() as s:
+                suspect = 0 if _progress_since(s, t.datetime_start) else _suspect(t) + 1
+            if suspect >= max_suspect:
+                reason = (
+                    f"poisoned: the runner stopped {suspect} times in a row while this "
+                    "candidate ran, with no other trial finishing in between"
+                )
+                _tell(storage, study, t, "failed", reason, lost=False)
+                poisoned.append(t.number)
+                continue
+            if t.number not in retried:
+                study.enqueue_trial(
+                    dict(t.params), user_attrs={ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect}
+                )
+            _tell(storage, study, t, "lost", "the runner stopped while it ran", lost=True)
+            requeued += 1
+        run_state, run_reason = "lost", "the runner stopped while it ran"
+    else:
+        outcome = "cancelled" if job.status == "cancelled" else "failed"
+        for t in left:
+            _tell(storage, study, t, outcome, f"job {job.status} while no runner was alive")
+        run_state, run_reason = "failed", f"job {job.status}"
+    with sessions.begin() as s:
+        for run in s.scalars(
+            select(TrialRun).where(TrialRun.job_id == job.id, TrialRun.state == "running")
+        ):
+            poison = run.trial_number in poisoned
+            run.state = "failed" if poison else run_state
+            run.reason = "poisoned" if poison else run_reason
+            run.finished_at = dt.datetime.now(dt.UTC)
+    if requeued:
+        event(job.id, "recovered", f"re-enqueued {requeued} trials left running", None)
+    if poisoned:
+        event(
+            job.id,
+            "trial_poisoned",
+            f"trials {', '.join(map(str, poisoned))} failed: the runner stopped while each ran",
+            {"trials": poisoned},
+        )
+    if left and job.status != "running":
+        event(
+            job.id, "concluded", f"{len(left)} trials left running concluded as {job.status}", None
+        )
+    return requeued
+
+
+def _suspect(t: FrozenTrial) -> int:
+    value = t.user_attrs.get(ATTR_SUSPECT, 0)
+    return value if isinstance(value, int) else 0
+
+
+def _tell(
+    storage: optuna.storages.BaseStorage,
+    study: optuna.Study,
+    t: FrozenTrial,
+    outcome: str,
+    reason: str,
+    lost: bool = False,
+) -> None:
+    if lost:
+        storage.set_trial_user_attr(t._trial_id, ATTR_LOST, True)
+    storage.set_trial_user_attr(t._trial_id, ATTR_OUTCOME, outcome)
+    storage.set_trial_user_attr(t._trial_id, ATTR_REASON, reason)
+    study.tell(t.number, state=TrialState.FAIL)
+
+
+def record_event(sessions: sessionmaker[Session]) -> Callable[..., None]:
+    def event(job_id: str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+        with sessions.begin() as s:
+            s.add(JobEvent(job_id=job_id, kind=kind, message=message, data=data))
+
+    return event
