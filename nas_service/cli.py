@@ -434,7 +434,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.database_url:
         overrides["database_url"] = args.database_url
     settings = get_settings(**overrides)
-    app = create_app(settings, run_clusters=() if args.no_runner else ("local",))
+    local = ("local",) if "local" in settings.clusters else ()  # the operator may remove it
+    app = create_app(settings, run_clusters=() if args.no_runner else local)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
 
