@@ -255,8 +255,11 @@ def _folder_documents(folder: Path, max_bytes: int | None) -> list[Document]:
         rel = Path(sub).relative_to(folder)
         paths += [(rel / f).as_posix() for f in files if not f.startswith(".")]
     paths.sort()
+    root = folder.resolve()
     for p in paths:
         _check_regular(folder / p)
+        if not (folder / p).resolve().is_relative_to(root):  # the folder is what was allowed
+            raise CorpusError("corpus", f"{p} in {folder.name} leads outside the folder")
     sizes = [(folder / p).stat().st_size + 1 for p in paths]
     docs = []
     for i in _select(sizes, paths, max_bytes):

@@ -389,3 +389,22 @@ def test_field_errors_survive_pickling(cls: type[ValueError], field: str, reason
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls
     assert (back.field, back.reason, str(back)) == (field, reason, f"{field}: {reason}")  # type: ignore[attr-defined]
+
+
+def test_a_folder_corpus_never_reads_outside_itself(tmp_path: Path) -> None:
+    """The folder is what the operator allowed: a link inside it that leads out is refused,
+    one that stays inside is read."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("password=hunter2\n" * 50)
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a.txt").write_text("hello world\n" * 200)
+    (folder / "b.txt").write_text("another document\n" * 200)
+    (folder / "same.txt").symlink_to(folder / "a.txt")
+    corpus = load_corpus(str(folder))
+    assert corpus.info.n_tokens > 0
+    (folder / "leak.txt").symlink_to(outside)
+    with pytest.raises(CorpusError) as err:
+        load_corpus(str(folder))
+    assert err.value.field == "corpus" and "leak.txt" in err.value.reason
+    assert "outside" in err.value.reason
