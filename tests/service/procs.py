@@ -88,7 +88,7 @@ def _signal(procs: Iterable[Any], sig: int) -> None:
             continue
 
 
-def _gone(procs: Iterable[Any]) -> list[Any]:
+def _still_alive(procs: Iterable[Any]) -> list[Any]:
     """The processes of `procs` still running (a zombie counts as gone)."""
     alive = []
     for proc in procs:
@@ -105,7 +105,7 @@ def wait_gone(procs: Iterable[Any], timeout: float = 30.0) -> list[Any]:
     procs = list(procs)
     deadline = time.monotonic() + timeout
     while True:
-        alive = _gone(procs)
+        alive = _still_alive(procs)
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.05)
@@ -156,40 +156,55 @@ def kill_group(pgid: int, timeout: float = 30.0) -> list[int]:
     return [p.pid for p in procs]
 
 
+def _exited_unreaped(proc: subprocess.Popen[Any], timeout: float) -> bool:
+    """Wait up to `timeout` s for `proc` to exit without reaping it: while it is a zombie its
+    pid (so its process group's id) cannot name another process."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # reaped already (by Popen)
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+
+
+def exited(proc: subprocess.Popen[Any]) -> bool:
+    """Whether `proc` has exited, without reaping it (use this, not `poll()`, on a session
+    leader that `kill_session` should still be able to clean up after)."""
+    return proc.returncode is not None or _exited_unreaped(proc, 0)
+
+
 def kill_session(proc: subprocess.Popen[Any], timeout: float = 30.0) -> list[int]:
     """Stop a process started with `start_new_session=True` and everything it started: its
     process group, and every descendant (Ray's workers sit in groups of their own). Reaps
-    `proc` and checks that none of them is left."""
-    if proc.poll() is not None:
-        # the leader is gone: its descendants were re-parented and are out of reach; its group
-        # may still hold some (a restarted runner, say)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    `proc` and checks that none of them is left. A `proc` reaped before is left alone: its
+    pid, and so the group id, may name another process by now."""
+    if proc.returncode is not None:
         return []
-    killed = kill_group(proc.pid, timeout)
+    killed = kill_group(proc.pid, timeout)  # alive or a zombie: the group id is still ours
     proc.wait(timeout=timeout)
     return killed
 
 
 def terminate_session(proc: subprocess.Popen[Any], grace: float = 30.0) -> list[int]:
     """SIGTERM `proc` (started with `start_new_session=True`) and let it stop what it started
-    (`depthscope serve` stops its runner, which shuts its Ray down); after `grace` seconds, or
-    once it has exited, SIGKILL whatever is left of its group and of its tree (a snapshot
+    (`depthscope serve` stops its runner, which shuts its Ray down); once it has exited, or
+    after `grace` seconds, SIGKILL whatever is left of its group and of its tree (a snapshot
     taken first). Returns the pids of the tree."""
-    if proc.poll() is not None:
-        return kill_session(proc)
-    tree = [psutil.Process(proc.pid), *descendants(proc.pid)]
+    if proc.returncode is not None:
+        return []
+    tree = [*descendants(proc.pid)]
     with contextlib.suppress(ProcessLookupError):
         os.kill(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        kill_session(proc)
-    left = wait_gone(tree, timeout=5)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    if _exited_unreaped(proc, grace):
+        wait_gone(tree, timeout=5)  # what it stopped on its way out
+    killed = kill_session(proc)  # its group (the id is still ours: not reaped) and its tree
+    left = _still_alive(tree)
     _signal(left, signal.SIGKILL)
     alive = wait_gone(left, timeout=10)
     if alive:
         raise RuntimeError(f"still alive after SIGKILL: {[p.pid for p in alive]}")
-    return [p.pid for p in tree]
+    return sorted({proc.pid, *killed, *(p.pid for p in tree)})

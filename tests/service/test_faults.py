@@ -100,8 +100,8 @@ class Service:
             )
         deadline = time.monotonic() + timeout
         while True:
-            if self.proc.poll() is not None:
-                pytest.fail(f"the service exited with {self.proc.returncode}:\n{self.tail()}")
+            if procs.exited(self.proc):
+                pytest.fail(f"the service exited:\n{self.tail()}")
             try:
                 if self.http.get("/v1/health", timeout=2).status_code == 200:
                     return
@@ -112,7 +112,7 @@ class Service:
             time.sleep(0.3)
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and not procs.exited(self.proc)
 
     def kill(self) -> list[int]:
         """SIGKILL the service's whole session: API, runner, the runner's Ray (gcs, raylet,
@@ -263,6 +263,43 @@ def check_final(
             f"completed trial {number} changed: {values} → {now.get(number)}"
         )
     return {"lost": sorted(lost), "trials": len(trials)}
+
+
+# -- the helpers themselves ---------------------------------------------------------------
+
+TREE = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import os, time; os.setpgid(0, 0); print(os.getpid(), flush=True); time.sleep(600)"],
+    stdout=sys.stdout)
+time.sleep(600)
+"""
+
+
+def test_kill_session_stops_the_whole_tree_and_nothing_else(tmp_path: Path) -> None:
+    """A grandchild in a process group of its own (as Ray's workers are) dies with the
+    session; a process we started apart, in its own session, is not touched."""
+    out = tmp_path / "pids"
+    with out.open("w") as f:
+        leader = subprocess.Popen([sys.executable, "-c", TREE], stdout=f, start_new_session=True)
+    bystander = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not out.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        grandchild = int(out.read_text().split()[0])
+        assert os.getpgid(grandchild) == grandchild != leader.pid  # its own group
+        tree = {p.pid for p in procs.descendants(leader.pid)}
+        assert grandchild in tree
+        killed = procs.kill_session(leader)
+        assert {leader.pid, grandchild} <= set(killed)
+        assert not _alive(grandchild) and leader.returncode is not None
+        assert not procs.exited(bystander)  # untouched
+    finally:
+        procs.kill_session(leader)
+        procs.kill_session(bystander)
 
 
 # -- SIGKILL of the whole service, five times ---------------------------------------------
