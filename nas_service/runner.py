@@ -61,7 +61,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
-from workers.train import EvalPoint, TrainResult
+from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
 

@@ -19,7 +19,7 @@ import optuna
 
 from cost_model import get_hardware, price
 from nas_service.spec import IntRange, JobSpec, axis_values, build_candidate, space_axes
-from workers.train import EvalPoint, TrainResult, TrainSpec
+from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
 ATTR_ARCH = "arch"

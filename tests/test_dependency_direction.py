@@ -85,3 +85,26 @@ def test_importing_does_not_import_heavy_frameworks(module: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    "module", ["nas_service.api.app", "nas_service.runner", "nas_service.jobs", "workers.contract"]
+)
+def test_the_service_never_loads_torch(module: str) -> None:
+    """The HTTP service and the runner import workers' contract types only (`workers.contract`):
+    torch loads in the workers, never in the service."""
+    code = f"import sys, {module}\nprint('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "False"
+
+
+def test_the_contract_imports_nothing_heavy() -> None:
+    assert imported_modules(ROOT / "workers" / "contract.py") <= {
+        "__future__",
+        "dataclasses",
+        "math",
+        "typing",
+        "cost_model",
+    }

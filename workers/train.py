@@ -9,159 +9,28 @@ what pruning uses). A NaN or exploding loss ends the run as `diverged`, never as
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from cost_model import ArchConfig, CostInputError, param_count, tokens_for_budget
+from cost_model import param_count
 from cost_model.flops import training_flops_per_token
 from workers import allocator
+from workers.contract import (
+    EvalPoint,
+    TrainResult,
+    TrainSpec,
+    TrainSpecError,
+)
 from workers.data import Corpus, load_corpus
 from workers.model import build_model
 
 log = logging.getLogger(__name__)
-
-SCHEDULES = ("cosine", "wsd")
-STATUSES = ("completed", "stopped", "diverged")
-
-
-class TrainSpecError(CostInputError):
-    """An invalid training specification (`field`, `reason`)."""
-
-    def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (it crosses Ray)
-        return (type(self), (self.field, self.reason))
-
-
-@dataclass(frozen=True)
-class TrainSpec:
-    """Everything one training run needs. Sequences are `arch.seq_len` tokens long.
-
-    Exactly one of `budget_flops` (training FLOPs, causal count of `cost_model.flops`) and
-    `budget_tokens` is given. Learning rate: linear warmup over `warmup_frac` of the steps,
-    then cosine decay to `min_lr_ratio`·lr, or WSD (warmup, stable, then a linear decay over the
-    last `decay_frac`). Validation every `eval_interval` steps (None: `n_evals` evenly spaced
-    evaluations) on `eval_batches` fixed batches.
-    """
-
-    arch: ArchConfig
-    budget_flops: float | None = None
-    budget_tokens: int | None = None
-    batch_size: int = 16
-    lr: float = 3e-3
-    schedule: str = "cosine"
-    warmup_frac: float = 0.05
-    decay_frac: float = 0.2  # WSD only
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_interval: int | None = None
-    n_evals: int = 10
-    eval_batches: int = 8
-    corpus: str | None = None  # None: the built-in corpus
-    val_fraction: float = 0.1
-    device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False
-    threads: int | None = None  # torch intra-op threads (None: leave as is)
-    divergence_factor: float = 3.0  # loss above factor · ln(vocab) counts as exploding
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.arch, ArchConfig):
-            raise TrainSpecError("arch", "must be an ArchConfig")
-        if (self.budget_flops is None) == (self.budget_tokens is None):
-            raise TrainSpecError("budget", "give exactly one of budget_flops and budget_tokens")
-        if self.budget_flops is not None and not self.budget_flops > 0:
-            raise TrainSpecError("budget_flops", f"must be positive, got {self.budget_flops}")
-        if self.budget_tokens is not None and self.budget_tokens < 1:
-            raise TrainSpecError("budget_tokens", f"must be positive, got {self.budget_tokens}")
-        positive_ints = ("batch_size", "n_evals", "eval_batches")
-        for name in positive_ints:
-            if getattr(self, name) < 1:
-                raise TrainSpecError(name, f"must be positive, got {getattr(self, name)}")
-        if self.eval_interval is not None and self.eval_interval < 1:
-            raise TrainSpecError("eval_interval", f"must be positive, got {self.eval_interval}")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise TrainSpecError("lr", f"must be a positive number, got {self.lr}")
-        if self.schedule not in SCHEDULES:
-            raise TrainSpecError(
-                "schedule", f"unknown value {self.schedule!r}; expected cosine or wsd"
-            )
-        for name in ("warmup_frac", "decay_frac", "min_lr_ratio"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise TrainSpecError(name, f"must lie in [0, 1], got {getattr(self, name)}")
-        if self.weight_decay < 0:
-            raise TrainSpecError("weight_decay", f"must be non-negative, got {self.weight_decay}")
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise TrainSpecError(
-                "device", f"unknown value {self.device!r}; expected auto, cpu or cuda"
-            )
-        if self.threads is not None and self.threads < 1:
-            raise TrainSpecError("threads", f"must be positive, got {self.threads}")
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.batch_size * self.arch.seq_len
-
-    def planned_tokens(self) -> int:
-        """The tokens the budget buys (before rounding down to whole steps)."""
-        if self.budget_tokens is not None:
-            return self.budget_tokens
-        assert self.budget_flops is not None
-        return tokens_for_budget(self.arch, self.budget_flops)
-
-    def planned_steps(self) -> int:
-        return self.planned_tokens() // self.tokens_per_step
-
-    def replace(self, **changes: Any) -> TrainSpec:
-        return dataclasses.replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class EvalPoint:
-    """One validation measurement during training."""
-
-    step: int
-    tokens: int
-    flops: float
-    val_loss: float
-    train_loss: float
-    elapsed_s: float
-
-
-@dataclass
-class TrainResult:
-    """The outcome of one run. `status` is completed, stopped (by the callback) or diverged."""
-
-    status: str
-    reason: str
-    final_val_loss: float  # NaN when the run diverged before any evaluation
-    best_val_loss: float
-    final_train_loss: float
-    curve: list[EvalPoint]
-    steps: int
-    tokens_seen: int
-    flops_spent: float
-    flops_budget: float | None
-    wall_time_s: float
-    eval_time_s: float  # part of wall_time_s spent evaluating
-    tokens_per_s: float  # training throughput: tokens / (wall time − evaluation time)
-    peak_memory_bytes: int
-    memory_kind: str  # cuda_max_allocated | cpu_peak_rss
-    device: str
-    params: int
-    corpus: dict[str, Any] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def lr_at(spec: TrainSpec, step: int, total: int) -> float:
