@@ -181,10 +181,10 @@ def summarise(samples: list[tuple[float, int | str]]) -> dict[str, Any]:
 async def poll_phase(
     base: str, job_ids: list[str], clients: int, seconds: float, interval: float
 ) -> dict[str, Any]:
-    routes = {
-        "status": lambda j: (f"/v1/jobs/{j}", None),
-        "trials": lambda j: (f"/v1/jobs/{j}/trials", None),
-        "pareto": lambda j: (f"/v1/jobs/{j}/pareto", PARETO),
+    routes: dict[str, tuple[str, dict[str, str] | None]] = {
+        "status": ("/v1/jobs/{}", None),
+        "trials": ("/v1/jobs/{}/trials", None),
+        "pareto": ("/v1/jobs/{}/pareto", PARETO),
     }
     samples: dict[str, list[tuple[float, int | str]]] = {r: [] for r in routes}
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -194,8 +194,8 @@ async def poll_phase(
         job = job_ids[i % len(job_ids)]
         await asyncio.sleep(interval * i / clients)  # spread the clients' rounds
         while time.monotonic() < deadline:
-            for name, route in routes.items():
-                path, params = route(job)
+            for name, (template, params) in routes.items():
+                path = template.format(job)
                 start = time.perf_counter()
                 try:
                     r = await http.get(path, params=params)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -167,7 +168,7 @@ class Service:
 
 def _alive(pid: int) -> bool:
     try:
-        return procs.psutil.Process(pid).status() != procs.psutil.STATUS_ZOMBIE
+        return bool(procs.psutil.Process(pid).status() != procs.psutil.STATUS_ZOMBIE)
     except procs.psutil.NoSuchProcess:
         return False
 
@@ -315,8 +316,9 @@ def test_service_sigkilled_five_times_mid_job(db_url: str, service_factory: Any)
     done = 0
     for kill in range(5):
         view.wait(done_at_least=done + 1, running_at_least=1, timeout=150, svc=svc)
-        tree = procs.descendants(svc.proc.pid)  # type: ignore[union-attr]
-        assert procs.find_in_tree(svc.proc.pid, RUNNER), "no runner under the service"  # type: ignore[union-attr]
+        assert svc.proc is not None
+        tree = procs.descendants(svc.proc.pid)
+        assert procs.find_in_tree(svc.proc.pid, RUNNER), "no runner under the service"
         svc.kill()
         assert all(not _alive(p.pid) for p in tree)
         now = view.completed_values()
@@ -348,7 +350,7 @@ def test_a_killed_ray_worker_under_the_service_is_retried(
     time.sleep(1.0)  # let it train a little
     victim = workers[0]
     assert os.getsid(victim.pid) == svc.proc.pid  # in the service's session
-    victim.send_signal(procs.signal.SIGKILL)
+    victim.send_signal(signal.SIGKILL)
     assert not procs.wait_gone([victim], timeout=10)
     job = svc.wait_finished(job_id, timeout=240)
     view = StudyView(sqlite_url, job_id)
