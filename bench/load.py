@@ -30,6 +30,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -356,6 +357,7 @@ def main() -> int:
     parser.add_argument("--max-jobs", type=int, default=8, help="DEPTHSCOPE_MAX_CONCURRENT_JOBS")
     parser.add_argument("--warmup-timeout", type=float, default=120.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--keep", action="store_true", help="keep the service's log and files")
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="ds-load-"))
     drop = None
@@ -365,10 +367,16 @@ def main() -> int:
         db_url = f"sqlite:///{workdir / 'load.db'}"
     try:
         result = measure(db_url, args, workdir)
+    except BaseException:
+        print(f"the service's log: {workdir / 'service.log'}", file=sys.stderr)
+        raise
     finally:
         if drop is not None:
             drop()
     report(args.db, result, args)
+    if not args.keep:
+        shutil.rmtree(workdir, ignore_errors=True)
+        result["log"] = None
     if args.json:
         args.json.write_text(
             json.dumps(
