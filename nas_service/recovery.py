@@ -28,6 +28,9 @@ from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON
 
 log = logging.getLogger(__name__)
 
+_FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+_RUN_STATE = {"completed": "completed", "pruned": "pruned", "diverged": "diverged"}
+
 ATTR_RETRY_OF = "ds_retry_of"
 ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
 
@@ -92,14 +95,23 @@ def recover_job(
         for t in left:
             _tell(storage, study, t, outcome, f"job {job.status} while no runner was alive")
         run_state, run_reason = "failed", f"job {job.status}"
+    left_numbers = {t.number for t in left}
+    concluded = {
+        t.number: t for t in study.get_trials(deepcopy=False, states=_FINISHED)
+    }  # told before the runner stopped, its run row not closed yet
     with sessions.begin() as s:
         for run in s.scalars(
             select(TrialRun).where(TrialRun.job_id == job.id, TrialRun.state == "running")
         ):
-            poison = run.trial_number in poisoned
-            run.state = "failed" if poison else run_state
-            run.reason = "poisoned" if poison else run_reason
             run.finished_at = dt.datetime.now(dt.UTC)
+            if run.trial_number in poisoned:
+                run.state, run.reason = "failed", "poisoned"
+            elif run.trial_number in concluded and run.trial_number not in left_numbers:
+                t = concluded[run.trial_number]
+                run.state = _RUN_STATE.get(str(t.user_attrs.get(ATTR_OUTCOME)), "failed")
+                run.reason = str(t.user_attrs.get(ATTR_REASON, ""))
+            else:
+                run.state, run.reason = run_state, run_reason
     if requeued:
         event(job.id, "recovered", f"re-enqueued {requeued} trials left running", None)
     if poisoned:

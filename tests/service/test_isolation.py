@@ -398,3 +398,27 @@ def test_workers_see_none_of_the_service_secrets(tmp_path: Path) -> None:
         assert value not in worker
     assert not [k for k in seen["worker"] if k.startswith("DEPTHSCOPE_")]
     assert seen["runner"]["DEPTHSCOPE_DATABASE_URL"] == secret  # the runner keeps its own
+
+
+def test_recovery_keeps_the_outcome_of_a_trial_told_before_the_runner_stopped(
+    sqlite_url: str,
+) -> None:
+    """A runner that told a trial and died before closing its run row: the row takes the
+    trial's outcome, it is not `lost` (and nothing is re-run)."""
+    settings, Session = setup(sqlite_url)
+    job = submit_job(Session, settings, TINY | {"name": "told"})
+    with Session.begin() as s:
+        s.get(Job, job.id).status = "running"
+    study = study_of(sqlite_url, job)
+    told, left = study.ask(), study.ask()
+    for trial in (told, left):
+        with Session.begin() as s:
+            s.add(TrialRun(job_id=job.id, trial_number=trial.number, params={}))
+    told.set_user_attr("outcome", "completed")
+    study.tell(told, 3.5)
+    assert Runner(settings).recover() == 1
+    with Session() as s:
+        runs = {r.trial_number: r.state for r in s.scalars(select(TrialRun))}
+    assert runs == {told.number: "completed", left.number: "lost"}
+    waiting = study_of(sqlite_url, job).get_trials(states=(TrialState.WAITING,))
+    assert [t.user_attrs["ds_retry_of"] for t in waiting] == [left.number]
