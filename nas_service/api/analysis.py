@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -28,17 +29,28 @@ PNG = {200: {"content": {"image/png": {}}, "description": "A PNG image"}} | resp
 
 
 def parse_metrics(metrics: str) -> list[str]:
-    names = [m.strip() for m in metrics.split(",") if m.strip()]
-    if len(names) < 2:
-        raise ApiError(422, "give at least two comma-separated metrics", "metrics")
-    if len(set(names)) != len(names):
-        raise ApiError(422, "a metric is named twice", "metrics")
+    """Comma-separated known metrics (spaces around each allowed), at least two distinct; a
+    metric named again is ignored. Exactly what `METRICS_PATTERN` documents."""
+    names = [m.strip(" ") for m in metrics.split(",")]
     unknown = [m for m in names if m not in OBJECTIVE_METRICS]
     if unknown:
         raise ApiError(
             422, f"unknown metric {unknown[0]!r}; expected val_loss or a cost metric", "metrics"
         )
+    names = list(dict.fromkeys(names))
+    if len(names) < 2:
+        raise ApiError(422, "give at least two distinct comma-separated metrics", "metrics")
     return names
+
+
+def _metrics_pattern() -> str:
+    one = "(?:" + "|".join(re.escape(m) for m in OBJECTIVE_METRICS) + ")"
+    same = "(" + one + ")"
+    # at least two items, each a known metric, and not all of them the same one
+    return rf"^(?! *{same} *(?:, *\1 *)*$) *{one} *(?:, *{one} *)+$"
+
+
+METRICS_PATTERN = _metrics_pattern()
 
 
 def check_variant(variant: str | None) -> None:
@@ -46,7 +58,14 @@ def check_variant(variant: str | None) -> None:
         raise ApiError(422, f"unknown variant {variant!r}", "variant")
 
 
-MetricsQuery = Annotated[str, Query(description="comma-separated, at least two, each minimised")]
+MetricsQuery = Annotated[
+    str,
+    Query(
+        description="comma-separated, at least two distinct, each minimised",
+        json_schema_extra={"pattern": METRICS_PATTERN},
+    ),
+]
+Variant = Literal[VARIANTS]  # type: ignore[valid-type]
 
 
 @router.get("/{job_id}/pareto", response_model=ParetoRead, responses=JOB_ERRORS)
@@ -55,7 +74,7 @@ def pareto(
     session: SessionDep,
     cache: ResultsDep,
     metrics: MetricsQuery,
-    variant: str | None = None,
+    variant: Variant | None = None,
 ) -> ParetoRead:
     names = parse_metrics(metrics)
     check_variant(variant)
@@ -94,7 +113,7 @@ def scaling(
     job_id: str,
     session: SessionDep,
     cache: ResultsDep,
-    reference: str | None = None,
+    reference: Variant | None = None,
     loss: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
 ) -> ScalingRead:
     check_variant(reference)
@@ -115,7 +134,7 @@ def pareto_plot(
     session: SessionDep,
     cache: ResultsDep,
     metrics: MetricsQuery,
-    variant: str | None = None,
+    variant: Variant | None = None,
 ) -> Response:
     names = parse_metrics(metrics)[:2]
     check_variant(variant)

@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from nas_service.api import analysis, cost, errors, health, jobs
 from nas_service.api.routing import BodyLimit
@@ -87,9 +88,10 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
 
-    app.include_router(health.router)  # health needs no token
-    for router in (jobs.router, analysis.router, cost.router, health.metrics_router):
-        app.include_router(router)  # each declares the token itself (`routing.SECURED`)
+    routers = (health.router, jobs.router, analysis.router, cost.router, health.metrics_router)
+    for router in routers:  # health needs no token; the others declare it (`routing.SECURED`)
+        app.include_router(router)
+    app.state.routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
     if settings.api_token is None:
         app.openapi = lambda: _open_document(app)  # type: ignore[method-assign]
     return app

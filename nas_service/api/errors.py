@@ -114,6 +114,16 @@ def _validation_errors(exc: RequestValidationError) -> list[dict[str, str]]:
     return out
 
 
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods of every route of `app` whose path matches (Starlette's 405 names only
+    the first route's)."""
+    methods: set[str] = set()
+    for route in getattr(app.state, "routes", ()):
+        if route.path_regex.match(path):
+            methods |= set(route.methods or ())
+    return sorted(methods)
+
+
 def is_database_outage(exc: BaseException) -> bool:
     """An error that says the database cannot be used now (not that the request is wrong)."""
     if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection in time
@@ -160,12 +170,15 @@ def install(app: FastAPI) -> None:
         return JSONResponse(error_body(422, message, first["field"], errors), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         field = getattr(exc, "field", None)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method of the path, not only the first route's
+            headers["Allow"] = ", ".join(allowed_methods(request.app, request.url.path))
         return JSONResponse(
             error_body(exc.status_code, str(exc.detail), field),
             status_code=exc.status_code,
-            headers=exc.headers,
+            headers=headers or None,
         )
 
     @app.exception_handler(sa_exc.SQLAlchemyError)

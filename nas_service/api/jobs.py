@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
-from fastapi import APIRouter, Body, Query, status
+from fastapi import APIRouter, Body, Query, Request, status
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from sqlalchemy import func, select
 
 from cost_model import VARIANTS
 from nas_service.api.deps import ResultsDep, SessionDep, SessionFactoryDep, SettingsDep
 from nas_service.api.errors import ApiError, responses
-from nas_service.api.routing import SECURED, ApiRoute
+from nas_service.api.routing import BODY_KEY, SECURED, ApiRoute
 from nas_service.api.schemas import Compute, JobList, JobRead, Progress, TrialList, TrialRead
 from nas_service.db import JOB_STATES, Job
 from nas_service.jobs import cancel_job, get_job, submit_job
@@ -21,6 +23,9 @@ from nas_service.spec import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ApiRoute, dependencies=SECURED)
 TRIAL_STATES = ("complete", "pruned", "failed", "running", "waiting")
+JobState = Literal[JOB_STATES]  # type: ignore[valid-type]
+TrialState = Literal[TRIAL_STATES]  # type: ignore[valid-type]
+Variant = Literal[VARIANTS]  # type: ignore[valid-type]
 #: The largest offset of a page (a bound, so no query is ever asked for an absurd one).
 MAX_OFFSET = 1_000_000_000
 Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET)]
@@ -99,6 +104,7 @@ def read_job(job: Job, results: JobResults) -> JobRead:
     responses=responses(401, 413, 422, 429, 503),
 )
 def create(
+    request: Request,
     body: Annotated[JobSpec, Body(openapi_examples=_example())],
     settings: SettingsDep,
     sessions: SessionFactoryDep,
@@ -106,15 +112,27 @@ def create(
 ) -> JobRead:
     """Validate the spec (a refusal is a 422 naming the field), then store the job, pending,
     unless `max_concurrent_jobs` jobs are active (429). Nothing is stored on refusal."""
-    job = submit_job(sessions, settings, body, storage=cache.storage)
+    spec = strict_spec(request.scope.get(BODY_KEY), body)
+    job = submit_job(sessions, settings, spec, storage=cache.storage)
     return read_job(job, job_results(cache, job))
+
+
+def strict_spec(raw: Any, spec: JobSpec) -> JobSpec:
+    """The spec validated strictly, as its schema reads: no string for a number, no boolean
+    for an integer (pydantic's lax mode, which `JobSpec` uses, converts them)."""
+    if raw is None:
+        return spec
+    try:
+        return JobSpec.model_validate(raw, strict=True)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False, include_context=False)) from None
 
 
 @router.get("", response_model=JobList, responses=responses(401, 422, 503))
 def list_jobs(
     session: SessionDep,
     cache: ResultsDep,
-    status_: Annotated[str | None, Query(alias="status")] = None,
+    status_: Annotated[JobState | None, Query(alias="status")] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     offset: Offset = 0,
 ) -> JobList:
@@ -156,8 +174,8 @@ def trials(
     job_id: str,
     session: SessionDep,
     cache: ResultsDep,
-    state: str | None = None,
-    variant: str | None = None,
+    state: TrialState | None = None,
+    variant: Variant | None = None,
     curve: bool = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,

@@ -182,12 +182,30 @@ def check_values(value: Any) -> None:
                 raise BodyRefused(422, reason, _where(where))
 
 
+#: Where the parsed body is kept in the request's scope (for a strict re-validation).
+BODY_KEY = "depthscope.body"
+_EXACT = float(1 << 53)
+
+
+def integral_numbers(value: Any) -> Any:
+    """JSON has one number type: `4.0` is the integer 4 (as JSON Schema has it), so a strict
+    integer field takes it, and a float field takes the int back as a float."""
+    if isinstance(value, float) and value.is_integer() and abs(value) <= _EXACT:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: integral_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [integral_numbers(v) for v in value]
+    return value
+
+
 class StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
             data = strict_json(await self.body())
             check_values(data)
-            self._json = data
+            self._json = integral_numbers(data)
+            self.scope[BODY_KEY] = self._json
         return self._json
 
 

@@ -13,7 +13,7 @@ import datetime as dt
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from cost_model import (
     DTYPE_BYTES,
@@ -60,6 +60,14 @@ class JobRead(BaseModel):
     compute: Compute
     eta_s: float | None
     spec: dict[str, Any]
+
+    @field_validator("created_at", "started_at", "finished_at")
+    @classmethod
+    def _utc(cls, value: dt.datetime | None) -> dt.datetime | None:
+        """The service stores UTC; SQLite gives it back without the zone (RFC 3339 needs it)."""
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value
 
 
 class JobList(BaseModel):
@@ -193,7 +201,7 @@ def _model_of(kind: type, name: str) -> type[BaseModel]:
         fields[f.name] = (annotation, Field(default, **kw))
     model = create_model(  # type: ignore[call-overload]
         name,
-        __config__=ConfigDict(extra="forbid"),
+        __config__=ConfigDict(extra="forbid", strict=True),
         __doc__=f"The fields of `cost_model.{kind.__name__}`.",
         **fields,
     )
@@ -206,7 +214,9 @@ ParallelismIn = _model_of(Parallelism, "ParallelismIn")
 
 
 class CostRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Strict: a number given as a string, a boolean as a number, … is refused (422)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     arch: ArchIn  # type: ignore[valid-type]
     workload: WorkloadIn = Field(default_factory=WorkloadIn)  # type: ignore[valid-type]
