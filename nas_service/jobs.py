@@ -13,6 +13,7 @@ Concurrent submissions therefore never pass `max_concurrent_jobs`; a refused one
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 import uuid
 from typing import Any
@@ -28,6 +29,7 @@ from nas_service.settings import Settings
 from nas_service.spec import JobSpec, check_job, parse_spec
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+log = logging.getLogger(__name__)
 
 ACTIVE_STATES = ("pending", "running")
 #: The advisory lock key that serialises submissions on PostgreSQL ("dsubmit" in ASCII).
@@ -101,9 +103,9 @@ def submit_job(
         raise JobLimitError(active, limit)
     job_id = str(uuid.uuid4())
     study_name = f"depthscope-{job_id}"
-    storage = storage or optuna_storage(settings.database_url)
-    create_study(spec, storage, study_name)
+    storage = storage or optuna_storage(settings.database_url, settings)
     try:
+        create_study(spec, storage, study_name)
         with session_factory() as session:
             _lock_for_submission(session.connection())
             active = _count_active(session)
@@ -125,9 +127,20 @@ def submit_job(
             session.add(job)
             session.commit()
     except BaseException:
-        optuna.delete_study(study_name=study_name, storage=storage)
+        _forget_study(study_name, storage)
         raise
     return job
+
+
+def _forget_study(study_name: str, storage: optuna.storages.BaseStorage) -> None:
+    """Delete a refused or failed submission's study (if it was made); a failure to is
+    logged, and the submission's own error is the one raised."""
+    try:
+        optuna.delete_study(study_name=study_name, storage=storage)
+    except KeyError:  # never created
+        pass
+    except Exception:
+        log.exception("could not delete the study %s of a refused submission", study_name)
 
 
 def valid_job_id(job_id: str) -> bool:

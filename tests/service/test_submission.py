@@ -185,3 +185,51 @@ def test_a_chunked_body_over_the_limit_is_refused_while_it_is_read(
     assert grown < 16 << 20  # the server never held the body (50 MiB)
     # and the server still answers
     assert httpx.get(f"{server.url}/v1/health", timeout=10).status_code == 200
+
+
+def test_the_pools_are_sized_by_the_settings(db_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    settings = get_settings(
+        database_url=db_url, db_pool_size=3, db_max_overflow=2, db_pool_timeout_s=1.5
+    )
+    with TestClient(create_app(settings)) as c:
+        engines = [
+            c.app.state.sessions.kw["bind"],  # type: ignore[attr-defined]
+            c.app.state.results.storage.engine,  # type: ignore[attr-defined]
+        ]
+        for engine in engines:
+            pool = engine.pool
+            assert (pool.size(), pool._max_overflow, pool._timeout) == (3, 2, 1.5)
+
+
+def test_a_refusal_under_the_lock_stores_nothing(db_url: str, monkeypatch: Any) -> None:
+    """The limit is decided under the lock: a submission that passed the early count but
+    finds the limit reached there is refused (JobLimitError), and its study is deleted."""
+    import nas_service.jobs as jobs
+    from nas_service.db import make_engine, make_sessionmaker, upgrade
+    from nas_service.settings import get_settings
+
+    upgrade(db_url)
+    settings = get_settings(database_url=db_url, max_concurrent_jobs=1)
+    engine = make_engine(db_url)
+    sessions = make_sessionmaker(engine)
+    try:
+        jobs.submit_job(sessions, settings, SPEC)
+        seen: list[int] = []
+        real = jobs._count_active
+
+        def count(session: Any) -> int:  # the early count sees room; the one under the lock not
+            seen.append(real(session))
+            return 0 if len(seen) == 1 else seen[-1]
+
+        monkeypatch.setattr(jobs, "_count_active", count)
+        with pytest.raises(jobs.JobLimitError):
+            jobs.submit_job(sessions, settings, SPEC | {"name": "late"})
+        assert seen == [1, 1]  # both counts were taken; the second one refused
+        assert _stored(db_url) == (1, 1, 1)
+    finally:
+        engine.dispose()
