@@ -476,6 +476,22 @@ def test_openapi_documents_auth_errors_bodies_and_plots(tmp_path: Path) -> None:
     assert trials["items"] == {"$ref": "#/components/schemas/TrialRead"}
     cost = document["components"]["schemas"]["CostRequest"]["properties"]["arch"]
     assert cost == {"$ref": "#/components/schemas/ArchIn"}
+    # without a configured token, the document asks for none
+    open_app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'open.db'}"))
+    with TestClient(open_app) as c:
+        document = c.get("/openapi.json").json()
+    assert "securitySchemes" not in document.get("components", {})
+    for ops in document["paths"].values():
+        for op in ops.values():
+            assert "security" not in op and "401" not in op["responses"]
+            assert "503" in op["responses"] or ops is document["paths"]["/v1/cost"]
+
+
+def test_a_method_the_path_lacks_is_405_listing_every_method(client: TestClient) -> None:
+    r = client.put("/v1/jobs")
+    assert error(r, 405) and r.headers["allow"] == "GET, POST"
+    r = client.delete("/v1/jobs/0/cancel")
+    assert error(r, 405) and r.headers["allow"] == "POST"
 
 
 def test_health_metrics_openapi(client: TestClient) -> None:
