@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import os
 import unicodedata
 from collections.abc import Iterator
@@ -501,6 +502,15 @@ class _SpecLoader(yaml.SafeLoader):
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
+
+
+# YAML 1.1 reads `5e11` (no dot) as a string; specs write budgets that way, so floats in
+# exponent form without a dot resolve as floats, as YAML 1.2 and JSON read them.
+_SpecLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def load_yaml_text(text: str, source: str = "spec") -> Any:

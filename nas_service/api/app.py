@@ -44,7 +44,15 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
 
         def start(name: str) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
-                [sys.executable, "-m", "nas_service.runner", "--cluster", name, "--forever"],
+                [
+                    sys.executable,
+                    "-m",
+                    "nas_service.runner",
+                    "--cluster",
+                    name,
+                    "--forever",
+                    "--watch-parent",  # it stops when this service dies, however it dies
+                ],
                 env=os.environ | {"DEPTHSCOPE_DATABASE_URL": settings.database_url},
             )
 

@@ -28,7 +28,7 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.db import JobEvent, TrialRun, make_engine, make_sessionmaker
+from nas_service.db import JobEvent, RunnerLease, TrialRun, make_engine, make_sessionmaker
 from nas_service.jobs import optuna_storage
 from nas_service.search import ATTR_LOST
 from tests.service import procs
@@ -332,6 +332,41 @@ def test_service_sigkilled_five_times_mid_job(db_url: str, service_factory: Any)
     job = svc.wait_finished(job_id, timeout=240)
     result = check_final(view, job, n, completed_before)
     assert result["lost"], "five kills mid-trial lose (and re-run) some trials"
+
+
+# -- SIGKILL of the API process alone -----------------------------------------------------
+
+
+def test_the_api_alone_sigkilled(sqlite_url: str, service_factory: Any) -> None:
+    """The runner notices its service is gone and stops (with its Ray), giving back its
+    lease; the restarted service's runner takes over at once: never two runners, no trial
+    trained twice."""
+    svc: Service = service_factory(sqlite_url)
+    svc.start()
+    job_id = svc.submit(JOB | {"name": "api-alone", "n_trials": 6})
+    view = StudyView(sqlite_url, job_id)
+    view.wait(done_at_least=1, running_at_least=1, timeout=150, svc=svc)
+    assert svc.proc is not None
+    runners = procs.find_in_tree(svc.proc.pid, RUNNER)
+    assert len(runners) == 1
+    tree = procs.descendants(svc.proc.pid)
+    completed_before = view.completed_values()
+    os.kill(svc.proc.pid, signal.SIGKILL)  # the API process only, not its session
+    svc.proc.wait(timeout=10)
+    left = procs.wait_gone(tree, timeout=30)
+    assert left == [], f"outlived the API: {[p.cmdline()[:3] for p in left]}"
+    Session = make_sessionmaker(make_engine(sqlite_url))
+    with Session() as s:
+        assert s.get(RunnerLease, "local") is None  # given back on the way out
+    svc.start()
+    job = svc.wait_finished(job_id, timeout=240)
+    check_final(view, job, 6, completed_before)
+    with Session() as s:
+        runs = list(s.scalars(select(TrialRun).where(TrialRun.job_id == job_id)))
+    spans = [(r.started_at, r.finished_at) for r in runs if r.finished_at is not None]
+    for start, _ in spans:  # never more than max_concurrent training at once
+        assert sum(1 for a, b in spans if a <= start < b) <= JOB["max_concurrent"]
+    assert len([r for r in runs if r.state == "completed"]) == len(view.completed_values())
 
 
 # -- one Ray worker killed under the service ----------------------------------------------

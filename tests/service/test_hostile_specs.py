@@ -640,3 +640,12 @@ def test_yaml_text_is_bounded() -> None:
 def test_spec_does_not_load_torch() -> None:
     code = "import sys, nas_service.spec; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=False).returncode == 0
+
+
+def test_yaml_exponent_numbers_are_floats() -> None:
+    """`5e11` is a float in YAML 1.2 and JSON; YAML 1.1 would make it a string."""
+    from nas_service.spec import load_yaml_text
+
+    data = load_yaml_text("budget: {flops: 5e11}\nlist: [1e9, -2E3, 3]\nname: 5e11x\n")
+    assert data == {"budget": {"flops": 5e11}, "list": [1e9, -2e3, 3], "name": "5e11x"}
+    assert isinstance(data["list"][2], int)
