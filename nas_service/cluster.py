@@ -42,8 +42,10 @@ def scrubbed_environment() -> Iterator[None]:
         os.environ.update(removed)
 
 
-def connect_ray(cluster: ClusterSettings) -> None:
-    """Start a local Ray (address None) or join the configured cluster, with its auth.
+def connect_ray(cluster: ClusterSettings) -> bool:
+    """Start a local Ray (address None) or join the configured cluster, with its auth. True
+    when this call connected (the caller then owns the connection and shuts it down); False
+    when Ray was connected already.
 
     Ray reads its authentication settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) when it is
     imported, so they are exported before the import; if Ray was imported already, its
@@ -59,7 +61,7 @@ def connect_ray(cluster: ClusterSettings) -> None:
     import ray
 
     if ray.is_initialized():
-        return
+        return False
     if already and (cluster.auth_mode is not None or cluster.auth_token is not None):
         try:
             from ray._raylet import AuthenticationTokenLoader, Config
@@ -72,7 +74,7 @@ def connect_ray(cluster: ClusterSettings) -> None:
     if cluster.address is None:
         with scrubbed_environment():
             ray.init(num_cpus=cluster.num_cpus, **kwargs)
-        return
+        return True
     runtime_env = None
     if cluster.ship_code:
         import cost_model
@@ -85,6 +87,7 @@ def connect_ray(cluster: ClusterSettings) -> None:
             ]
         }
     ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
+    return True
 
 
 def largest_node() -> dict[str, float]:

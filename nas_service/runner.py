@@ -175,8 +175,9 @@ class Runner:
                 raise TimeoutError(f"runner still busy after {timeout_s}s")
 
         self._acquire(check_time, poll_s)
+        owns_ray = False
         try:
-            connect_ray(self.settings.clusters[self.cluster])
+            owns_ray = connect_ray(self.settings.clusters[self.cluster])
             self._until_database(self.recover, check_time)
             outage = 0
             while True:
@@ -211,6 +212,10 @@ class Runner:
                 self.lease.release()
             except Exception as exc:  # the lease expires by itself
                 log.warning("could not release the lease: %s", describe(exc))
+            if owns_ray:  # a local Ray's processes (its agents included) go with it
+                import ray
+
+                ray.shutdown()
 
     def _acquire(self, check_time: Any, poll_s: float) -> None:
         """Wait until this runner holds the cluster's lease."""

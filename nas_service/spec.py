@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 import os
+import re
 import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass

@@ -254,9 +254,14 @@ def check_final(
     )
     assert set(retry_of) == lost, f"re-runs of {sorted(retry_of)}, lost {sorted(lost)}"
     assert all(c == 1 for c in retry_of.values()), f"a lost trial re-run twice: {retry_of}"
+    full = {frozenset(t.params) for t in counted if t.state == TrialState.COMPLETE}
     for t in trials:
         if RETRY_OF in t.user_attrs:
-            assert t.params == by_number[t.user_attrs[RETRY_OF]].params, t.number
+            # the lost trial's parameters, every one it had drawn (all of them, unless the
+            # service was killed while it drew them), and the retry has drawn the rest
+            lost_params = by_number[t.user_attrs[RETRY_OF]].params
+            assert lost_params.items() <= t.params.items(), t.number
+            assert frozenset(t.params) in full, t.number
     assert len(trials) == n_trials + len(lost), "trials beyond n_trials and the re-runs"
     now = view.completed_values()
     for number, values in completed_before.items():
