@@ -179,16 +179,53 @@ def summarise(samples: list[tuple[float, int | str]]) -> dict[str, Any]:
     }
 
 
-async def poll_phase(
-    base: str, job_ids: list[str], clients: int, seconds: float, interval: float
+def poll_phase(
+    base: str, job_ids: list[str], clients: int, seconds: float, interval: float, procs: int
 ) -> dict[str, Any]:
+    """The poll phase with the clients spread over `procs` processes (50 users are 50
+    browsers, not one Python event loop: one loop driving them all on these cores adds its
+    own queueing to every latency it measures)."""
+    import concurrent.futures
+    import multiprocessing
+
+    procs = max(1, min(procs, clients))
+    shares = [list(range(i, clients, procs)) for i in range(procs)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+        parts = list(
+            pool.map(
+                _poll_clients,
+                [(base, job_ids, share, clients, seconds, interval) for share in shares],
+            )
+        )
+    samples: dict[str, list[tuple[float, int | str]]] = {r: [] for r in parts[0][0]}
+    for part, _ in parts:
+        for name, values in part.items():
+            samples[name] += values
+    elapsed = max(e for _, e in parts)
+    out = {name: summarise(v) for name, v in samples.items()}
+    out["all"] = summarise([x for v in samples.values() for x in v])
+    out["all"]["per_s"] = out["all"]["requests"] / elapsed
+    out["all"]["client_processes"] = procs
+    return out
+
+
+def _poll_clients(
+    args: tuple[str, list[str], list[int], int, float, float],
+) -> tuple[dict[str, list[tuple[float, int | str]]], float]:
+    return asyncio.run(_poll(*args))
+
+
+async def _poll(
+    base: str, job_ids: list[str], mine: list[int], clients: int, seconds: float, interval: float
+) -> tuple[dict[str, list[tuple[float, int | str]]], float]:
     routes: dict[str, tuple[str, dict[str, str] | None]] = {
         "status": ("/v1/jobs/{}", None),
         "trials": ("/v1/jobs/{}/trials", None),
         "pareto": ("/v1/jobs/{}/pareto", PARETO),
     }
     samples: dict[str, list[tuple[float, int | str]]] = {r: [] for r in routes}
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    limits = httpx.Limits(max_connections=len(mine), max_keepalive_connections=len(mine))
     deadline = time.monotonic() + seconds
 
     async def client(i: int, http: httpx.AsyncClient) -> None:
@@ -209,12 +246,9 @@ async def poll_phase(
 
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as http:
         started = time.monotonic()
-        await asyncio.gather(*(client(i, http) for i in range(clients)))
+        await asyncio.gather(*(client(i, http) for i in mine))
         elapsed = time.monotonic() - started
-    out = {name: summarise(s) for name, s in samples.items()}
-    out["all"] = summarise([x for s in samples.values() for x in s])
-    out["all"]["per_s"] = out["all"]["requests"] / elapsed
-    return out
+    return samples, elapsed
 
 
 async def submit_phase(base: str, submits: int) -> dict[str, Any]:
@@ -255,6 +289,62 @@ async def submit_phase(base: str, submits: int) -> dict[str, Any]:
     }
 
 
+SERVER_ROUTES = {
+    "status": "/v1/jobs/{job_id}",
+    "trials": "/v1/jobs/{job_id}/trials",
+    "pareto": "/v1/jobs/{job_id}/pareto",
+}
+
+
+def server_histograms(http: httpx.Client) -> dict[str, dict[float, float]]:
+    """Per polled route, the service's own cumulative latency buckets (upper bound in
+    seconds → requests), from its Prometheus histogram of successful GETs."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[float, float]] = {name: {} for name in SERVER_ROUTES}
+    routes = {v: k for k, v in SERVER_ROUTES.items()}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        if family.name != "depthscope_http_request_duration_seconds":
+            continue
+        for sample in family.samples:
+            labels = sample.labels
+            name = routes.get(labels.get("route", ""))
+            if sample.name.endswith("_bucket") and name and labels.get("status") == "200":
+                le = float(labels["le"])
+                out[name][le] = out[name].get(le, 0.0) + sample.value
+    return out
+
+
+def histogram_quantile(buckets: dict[float, float], q: float) -> float:
+    """Prometheus's `histogram_quantile`: linear within the bucket holding the quantile."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return float("nan")
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for upper in bounds:
+        count = buckets[upper]
+        if count >= rank:
+            if upper == float("inf"):
+                return lower
+            return lower + (upper - lower) * (rank - below) / max(count - below, 1e-12)
+        lower, below = upper, count
+    return lower
+
+
+def server_view(
+    before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]
+) -> dict[str, dict[str, float]]:
+    """Server-side p50/p95/p99 (ms) of the poll phase: the histogram's increase over it."""
+    out = {}
+    for name in SERVER_ROUTES:
+        delta = {le: n - before[name].get(le, 0.0) for le, n in after[name].items()}
+        out[name] = {
+            f"p{int(q * 100)}_ms": histogram_quantile(delta, q) * 1e3 for q in (0.5, 0.95, 0.99)
+        }
+    return out
+
+
 def active_jobs(http: httpx.Client) -> int:
     return sum(
         int(http.get("/v1/jobs", params={"status": s, "limit": 1}).json()["total"])
@@ -280,9 +370,11 @@ def measure(db_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
                     break
                 time.sleep(1)
             progress = [http.get(f"/v1/jobs/{j}").json()["progress"] for j in job_ids]
-            polls = asyncio.run(
-                poll_phase(svc.base, job_ids, args.clients, args.seconds, args.interval)
+            hist_before = server_histograms(http)
+            polls = poll_phase(
+                svc.base, job_ids, args.clients, args.seconds, args.interval, args.client_procs
             )
+            server = server_view(hist_before, server_histograms(http))
             after = [http.get(f"/v1/jobs/{j}").json() for j in job_ids]
             training = sum(j["progress"]["running"] for j in after)
             pairs = zip(after, progress, strict=True)
@@ -298,6 +390,7 @@ def measure(db_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
         left = svc.stop()
     return {
         "polls": polls,
+        "server": server,
         "submissions": burst,
         "trials_completed_during": trained,
         "running_at_end": training,
@@ -309,7 +402,8 @@ def measure(db_url: str, args: argparse.Namespace, workdir: Path) -> dict[str, A
 
 def report(db: str, r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
-        f"\n{db}: {args.clients} clients for {args.seconds:.0f} s, {args.interval:g} s between "
+        f"\n{db}: {args.clients} clients ({args.client_procs} processes) for {args.seconds:.0f} s, "
+        f"{args.interval:g} s between "
         f"rounds, {args.jobs} jobs training ({r['trials_completed_during']} trials completed "
         f"meanwhile); {r['polls']['all']['per_s']:.0f} requests/s"
     )
@@ -321,6 +415,13 @@ def report(db: str, r: dict[str, Any], args: argparse.Namespace) -> None:
             f"{s[k]:9.1f}" for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")
         ]
         print(f"{name:8} " + " ".join(cells))
+    print(
+        "in the service (its own histogram, bucket-interpolated): "
+        + "; ".join(
+            f"{name} p50 {v['p50_ms']:.0f} / p95 {v['p95_ms']:.0f} / p99 {v['p99_ms']:.0f} ms"
+            for name, v in r["server"].items()
+        )
+    )
     errs = {c: n for c, n in r["polls"]["all"]["codes"].items() if c != "200"}
     if errs:
         print(f"non-2xx / exceptions: {errs}")
@@ -353,6 +454,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--interval", type=float, default=0.5, help="per client, between rounds")
     parser.add_argument("--jobs", type=int, default=4)
+    parser.add_argument(
+        "--client-procs", type=int, default=1, help="processes the clients are spread over"
+    )
     parser.add_argument("--submits", type=int, default=50)
     parser.add_argument("--max-jobs", type=int, default=8, help="DEPTHSCOPE_MAX_CONCURRENT_JOBS")
     parser.add_argument("--warmup-timeout", type=float, default=120.0)

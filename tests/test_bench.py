@@ -145,3 +145,5 @@ def test_load_bench_runs(tmp_path: Path) -> None:
     burst = result["submissions"]
     assert burst["accepted"] == burst["expected"] and burst["server_errors"] == 0
     assert "p95 ms" in run.stdout
+    assert set(result["server"]) == {"status", "trials", "pareto"}  # the service's own view
+    assert result["server"]["status"]["p50_ms"] > 0

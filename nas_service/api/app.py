@@ -20,7 +20,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from nas_service.api import analysis, cost, errors, health, jobs
-from nas_service.api.routing import BodyLimit
+from nas_service.api.routing import BodyLimit, RequestTimer
 from nas_service.db import make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage
 from nas_service.results import ResultsCache
@@ -95,6 +95,7 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     app.state.metrics = health.metrics_registry(app)
     errors.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(RequestTimer, histogram=app.state.request_seconds)  # outermost
 
     routers = (health.router, jobs.router, analysis.router, cost.router, health.metrics_router)
     for router in routers:  # health needs no token; the others declare it (`routing.SECURED`)

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
@@ -18,7 +18,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import responses
-from nas_service.api.routing import SECURED, ApiRoute
+from nas_service.api.routing import LATENCY_BUCKETS, SECURED, ApiRoute
 from nas_service.db import JOB_STATES, RUN_STATES, Job, TrialRun
 
 #: The text format every Prometheus reads (what `generate_latest` writes).
@@ -128,6 +128,13 @@ def metrics_registry(app: FastAPI) -> CollectorRegistry:
     """The app's own registry (never the process-global one: two apps, two registries)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(lambda: app.state.sessions))
+    app.state.request_seconds = Histogram(
+        "depthscope_http_request_duration_seconds",
+        "Time from a request's arrival to the end of its answer, per route template.",
+        ("route", "method", "status"),
+        registry=registry,
+        buckets=LATENCY_BUCKETS,
+    )
     return registry
 
 

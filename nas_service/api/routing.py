@@ -4,6 +4,10 @@
   received and answers 413 as soon as they pass `max_request_bytes`, with or without a
   Content-Length (a chunked body is not read past the limit); a declared Content-Length over
   the limit is refused before anything is read.
+- `RequestTimer`: a pure ASGI middleware that times every request, from its arrival to the
+  last byte of its answer, into the app's Prometheus histogram
+  `depthscope_http_request_duration_seconds{route, method, status}` (the route template,
+  never the raw path, so label values stay few).
 - `ApiRoute`: every API route. A route that needs the bearer token checks it before the body
   is read or parsed (a wrong token is a 401, whatever the body), and request bodies are
   parsed as strict JSON: no `NaN`/`Infinity` literals (Python's parser takes them), no float
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -49,6 +54,37 @@ class BodyRefused(StarletteHTTPException):
 class BodyTooLarge(BodyRefused):
     def __init__(self, limit: int) -> None:
         super().__init__(413, f"request body over {limit} bytes", "body")
+
+
+#: Bucket bounds of the request-latency histogram, in seconds.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class RequestTimer:
+    def __init__(self, app: ASGIApp, histogram: Any) -> None:
+        self.app, self.histogram = app, histogram
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def timed_send(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            self.histogram.labels(template, scope.get("method", ""), str(status)).observe(
+                time.perf_counter() - start
+            )
 
 
 class BodyLimit:

@@ -385,6 +385,32 @@ def test_metrics_count_what_the_database_holds(client: TestClient) -> None:
     )
 
 
+def test_metrics_time_every_request_by_route_template(client: TestClient) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    job_id = "00000000-0000-4000-8000-000000000000"
+    for _ in range(3):
+        client.get(f"/v1/jobs/{job_id}")  # a 404, one label value for every id
+    client.get("/v1/jobs")
+    client.get("/no/such/path")
+    text = client.get("/metrics").text
+    family = next(
+        f
+        for f in text_string_to_metric_families(text)
+        if f.name == "depthscope_http_request_duration_seconds"
+    )
+    assert family.type == "histogram"
+    counts = {
+        (s.labels["route"], s.labels["method"], s.labels["status"]): s.value
+        for s in family.samples
+        if s.name.endswith("_count")
+    }
+    assert counts[("/v1/jobs/{job_id}", "GET", "404")] == 3
+    assert counts[("/v1/jobs", "GET", "200")] == 1
+    assert counts[("unmatched", "GET", "404")] == 1
+    assert not any(job_id in route for route, _, _ in counts)
+
+
 def _token_app(tmp_path: Path) -> Any:
     return create_app(
         get_settings(database_url=f"sqlite:///{tmp_path / 't.db'}", api_token="s3cret")
