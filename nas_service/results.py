@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,15 +126,46 @@ class JobResults:
 class ResultsCache:
     """Per-study result tables, refreshed when the study's fingerprint changes."""
 
-    def __init__(self, storage: optuna.storages.RDBStorage) -> None:
+    def __init__(self, storage: optuna.storages.RDBStorage, fresh_s: float = 0.0) -> None:
         self.storage = storage
+        self.fresh_s = fresh_s
         self._cache: dict[str, JobResults] = {}
         self._study_ids: dict[str, int] = {}
+        self._checked: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        self._recent: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
+
+    def recent(self, key: Any, compute: Any) -> Any:
+        """`compute()`, reused for `fresh_s` seconds per key (a job's row, say: pollers
+        asking many times a second cost the database one read per `fresh_s`). An exception
+        is never kept."""
+        now = time.monotonic()
+        hit = self._recent.get(key)
+        if hit is not None and now - hit[0] < self.fresh_s:
+            return hit[1]
+        value = compute()
+        if self.fresh_s > 0:
+            if len(self._recent) >= 10_000:  # bounded: stale entries go first
+                self._recent = {k: v for k, v in self._recent.items() if now - v[0] < self.fresh_s}
+            self._recent[key] = (now, value)
+        return value
+
+    def forget(self, key: Any) -> None:
+        self._recent.pop(key, None)
 
     def _fingerprint(self, study_name: str) -> tuple[Any, ...]:
         """Changes whenever a trial is added, finishes or changes state (one indexed query
-        on Optuna's `trials` table)."""
+        on Optuna's `trials` table). A fingerprint read less than `fresh_s` ago is reused:
+        many clients polling one job then cost the database one query per `fresh_s`."""
+        now = time.monotonic()
+        checked = self._checked.get(study_name)
+        if checked is not None and now - checked[0] < self.fresh_s:
+            return checked[1]
+        fp = self._read_fingerprint(study_name)
+        self._checked[study_name] = (now, fp)
+        return fp
+
+    def _read_fingerprint(self, study_name: str) -> tuple[Any, ...]:
         if study_name not in self._study_ids:
             self._study_ids[study_name] = self.storage.get_study_id_from_name(study_name)
         with self.storage.engine.connect() as conn:

@@ -74,6 +74,9 @@ class Settings(BaseSettings):
     corpora: dict[str, Path] = Field(default_factory=dict)
     # Named clusters add to `local`; set False to run only the named ones.
     local_cluster: bool = True
+    # A job's results are re-read from the database at most this often (seconds; 0: on
+    # every request). Pollers see a new trial at most this late.
+    results_fresh_s: float = Field(default=0.25, ge=0, le=60)
     # The database pool of each process (API and runner).
     db_pool_size: int = Field(default=10, ge=1)
     db_max_overflow: int = Field(default=20, ge=0)

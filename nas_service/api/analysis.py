@@ -14,10 +14,9 @@ from cost_model import VARIANTS
 from nas_service import analysis
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
-from nas_service.api.jobs import JOB_ERRORS, job_results
+from nas_service.api.jobs import JOB_ERRORS, job_results, read_job_row
 from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import OptimumRead, ParetoRead, ScalingRead
-from nas_service.jobs import get_job
 from nas_service.results import optimum_by_variant, pareto_rows, scaling_by_variant
 from nas_service.spec import OBJECTIVE_METRICS
 
@@ -78,7 +77,7 @@ def pareto(
 ) -> ParetoRead:
     names = parse_metrics(metrics)
     check_variant(variant)
-    results = job_results(cache, get_job(session, job_id))
+    results = job_results(cache, read_job_row(session, cache, job_id))
 
     def answer() -> ParetoRead:
         front, candidates = pareto_rows(results, names, variant)
@@ -101,7 +100,7 @@ def optimum(
     cache: ResultsDep,
     bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
 ) -> OptimumRead:
-    results = job_results(cache, get_job(session, job_id))
+    results = job_results(cache, read_job_row(session, cache, job_id))
     fits = results.memoised(("optimum", bootstrap), lambda: optimum_by_variant(results, bootstrap))
     return OptimumRead(
         job_id=job_id, fits=[{k: v for k, v in f.items() if not k.startswith("_")} for f in fits]
@@ -117,7 +116,9 @@ def scaling(
     loss: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
 ) -> ScalingRead:
     check_variant(reference)
-    out = scaling_by_variant(job_results(cache, get_job(session, job_id)), reference, loss)
+    out = scaling_by_variant(
+        job_results(cache, read_job_row(session, cache, job_id)), reference, loss
+    )
     return ScalingRead(job_id=job_id, **out)
 
 
@@ -138,7 +139,9 @@ def pareto_plot(
 ) -> Response:
     names = parse_metrics(metrics)[:2]
     check_variant(variant)
-    front, candidates = pareto_rows(job_results(cache, get_job(session, job_id)), names, variant)
+    front, candidates = pareto_rows(
+        job_results(cache, read_job_row(session, cache, job_id)), names, variant
+    )
     if not candidates:
         raise ApiError(409, "no trial has these metrics yet", "metrics")
     index = {id(r): i for i, r in enumerate(candidates)}
@@ -157,7 +160,7 @@ def pareto_plot(
 
 @router.get("/{job_id}/plots/optimum.png", response_class=Response, responses=PNG)
 def optimum_plot(job_id: str, session: SessionDep, cache: ResultsDep) -> Response:
-    fits = optimum_by_variant(job_results(cache, get_job(session, job_id)), 100)
+    fits = optimum_by_variant(job_results(cache, read_job_row(session, cache, job_id)), 100)
     if not fits:
         raise ApiError(409, "no trained trial yet", "job_id")
     several = len({f["budget"] for f in fits}) > 1

@@ -40,7 +40,9 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
             pool_timeout=settings.db_pool_timeout_s,
         )
         app.state.sessions = make_sessionmaker(engine)
-        app.state.results = ResultsCache(optuna_storage(settings.database_url, settings))
+        app.state.results = ResultsCache(
+            optuna_storage(settings.database_url, settings), fresh_s=settings.results_fresh_s
+        )
 
         def start(name: str) -> subprocess.Popen[bytes]:
             return subprocess.Popen(

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Body, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from cost_model import VARIANTS
 from nas_service.api.deps import ResultsDep, SessionDep, SessionFactoryDep, SettingsDep
@@ -43,6 +44,12 @@ def _example() -> dict[str, Any]:
     if not isinstance(data, dict):
         return {}
     return {"quick": {"summary": "baseline vs Block AttnRes at fixed compute", "value": data}}
+
+
+def read_job_row(session: Session, cache: ResultsCache, job_id: str) -> Job:
+    """The job's row, read at most every `results_fresh_s` (a cancel here forgets it)."""
+    job: Job = cache.recent(("job", job_id), lambda: get_job(session, job_id))
+    return job
 
 
 def job_results(cache: ResultsCache, job: Job) -> JobResults:
@@ -157,7 +164,7 @@ def list_jobs(
 
 @router.get("/{job_id}", response_model=JobRead, responses=JOB_ERRORS)
 def read(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
-    job = get_job(session, job_id)
+    job = read_job_row(session, cache, job_id)
     return read_job(job, job_results(cache, job))
 
 
@@ -166,6 +173,7 @@ def read(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
 )
 def cancel(job_id: str, sessions: SessionFactoryDep, cache: ResultsDep) -> JobRead:
     job = cancel_job(sessions, job_id)
+    cache.forget(("job", job_id))
     return read_job(job, job_results(cache, job))
 
 
@@ -186,7 +194,7 @@ def trials(
         )
     if variant is not None and variant not in VARIANTS:
         raise ApiError(422, f"unknown variant {variant!r}", "variant")
-    job = get_job(session, job_id)
+    job = read_job_row(session, cache, job_id)
     rows = [
         r
         for r in job_results(cache, job).rows

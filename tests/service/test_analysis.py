@@ -146,3 +146,41 @@ def test_scaling_by_variant_from_result_rows() -> None:
     out = scaling_by_variant(JobResults("s", ["val_loss"], rows), reference="baseline", loss=1.7)
     assert out["fits"]["baseline"]["alpha"] == pytest.approx(0.05, rel=1e-6)
     assert out["multipliers"]["block_attnres"] == pytest.approx(0.98 ** (-1 / 0.05), rel=1e-6)
+
+
+def test_results_are_read_again_at_most_every_fresh_s(tmp_path: Path) -> None:
+    """Many pollers of one job cost the database one fingerprint read per `fresh_s`; a new
+    trial shows once that much time has passed, never later."""
+    import time
+
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+    from nas_service.results import ResultsCache
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    storage = optuna_storage(url)
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    cache = ResultsCache(storage, fresh_s=0.5)
+    reads = 0
+    original = cache._read_fingerprint
+
+    def counting(name: str) -> tuple[object, ...]:
+        nonlocal reads
+        reads += 1
+        return original(name)
+
+    cache._read_fingerprint = counting  # type: ignore[method-assign]
+    assert len(cache.get("s", ["val_loss"]).rows) == 1
+    study.add_trial(optuna.trial.create_trial(value=2.0))
+    for _ in range(20):
+        rows = cache.get("s", ["val_loss"]).rows
+    assert reads == 1 and len(rows) == 1  # within fresh_s: the same answer, no query
+    time.sleep(0.55)
+    assert len(cache.get("s", ["val_loss"]).rows) == 2
+    assert reads == 2
+    uncached = ResultsCache(storage)  # fresh_s 0: every call reads
+    uncached.get("s", ["val_loss"])
+    study.add_trial(optuna.trial.create_trial(value=3.0))
+    assert len(uncached.get("s", ["val_loss"]).rows) == 3

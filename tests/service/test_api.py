@@ -691,6 +691,8 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
     study.add_trials(
         synthetic(parse_spec(SPEC | {"objectives": ["val_loss", "train_memory_bytes"]}), 5, seed=9)
     )
+    fresh = client.app.state.settings.results_fresh_s  # type: ignore[attr-defined]
+    time.sleep(fresh + 0.05)  # read again at most `results_fresh_s` later
     assert client.get(f"/v1/jobs/{job['id']}/trials", params={"limit": 1}).json()["total"] == 305
     page = client.get(
         f"/v1/jobs/{job['id']}/trials", params={"variant": "block_attnres", "state": "complete"}
