@@ -61,3 +61,17 @@ def private_pg() -> Iterator[PrivatePostgres]:
         yield pg
     finally:
         pg.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A local Ray of 2 CPUs in this test process, for the module's runner tests (its
+    processes are our descendants: `procs` finds them)."""
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()

@@ -574,17 +574,9 @@ def server(tmp_path: Path) -> Iterator[str]:
             )
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        finally:
-            for entry in Path("/proc").iterdir():  # the runner and its Ray, by session
-                if entry.name.isdigit():
-                    try:
-                        if os.getsid(int(entry.name)) == proc.pid:
-                            os.kill(int(entry.name), 9)
-                    except (ProcessLookupError, PermissionError):
-                        pass
+        from tests.service.procs import terminate_session
+
+        terminate_session(proc, grace=60)  # the server, its runner and their Ray, nothing else
 
 
 def cli(url: str, *args: str, timeout: int = 400) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,6 @@ import sys
 import textwrap
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +20,12 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.db import Job, JobEvent, RunnerLease, TrialRun, make_engine, make_sessionmaker
-from nas_service.db import upgrade as db_upgrade
+from nas_service.db import Job, JobEvent, RunnerLease, TrialRun
 from nas_service.jobs import cancel_job, optuna_storage, submit_job
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST, create_study
-from nas_service.settings import ClusterSettings, get_settings
 from nas_service.spec import parse_spec
+from tests.service.jobkit import counted, setup, study_of
 from tests.service.procs import kill_session
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
@@ -44,31 +42,6 @@ TINY: dict[str, Any] = {
     "training": {"seq_len": 32, "batch_size": 4, "n_evals": 2, "eval_batches": 2, "threads": 1},
     "cost": {"hardware": "cpu"},
 }
-
-
-@pytest.fixture(scope="module")
-def ray_local() -> Iterator[None]:
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def setup(url: str, **settings: Any) -> tuple[Any, Any]:
-    db_upgrade(url)
-    s = get_settings(database_url=url, clusters={"local": ClusterSettings(num_cpus=2)}, **settings)
-    return s, make_sessionmaker(make_engine(url))
-
-
-def study_of(url: str, job: Job) -> optuna.Study:
-    return optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
-
-
-def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(ATTR_LOST)]
 
 
 def events(Session: Any, job_id: str, kind: str) -> list[JobEvent]:

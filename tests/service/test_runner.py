@@ -14,20 +14,25 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
 from cost_model import METRICS
 from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage, submit_job
+from nas_service.jobs import submit_job
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
 from tests.service import procs
+from tests.service.jobkit import counted, setup, study_of
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.e2e,
+    pytest.mark.usefixtures("ray_local"),
+]
 ROOT = Path(__file__).resolve().parents[2]
 
 TINY: dict[str, Any] = {
@@ -48,31 +53,6 @@ TINY: dict[str, Any] = {
     "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
     "cost": {"hardware": "cpu"},
 }
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_local() -> Iterator[None]:
-    import ray
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
-def setup(url: str, **settings: Any) -> tuple[Any, Any]:
-    upgrade(url)
-    s = get_settings(database_url=url, clusters={"local": ClusterSettings(num_cpus=2)}, **settings)
-    return s, make_sessionmaker(make_engine(url))
-
-
-def study_of(url: str, job: Job) -> optuna.Study:
-    return optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
-
-
-def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(ATTR_LOST)]
 
 
 def test_job_runs_to_completion(db_url: str) -> None:

@@ -1,0 +1,31 @@
+"""Helpers of the runner tests: settings and sessions on a fresh database, a job's study,
+its counted trials."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+
+from nas_service.db import Job, make_engine, make_sessionmaker, upgrade
+from nas_service.jobs import optuna_storage
+from nas_service.search import ATTR_LOST
+from nas_service.settings import ClusterSettings, get_settings
+
+
+def setup(url: str, **settings: Any) -> tuple[Any, Any]:
+    """Migrated database at `url`: the settings (a local cluster of 2 CPUs) and a sessionmaker."""
+    upgrade(url)
+    s = get_settings(database_url=url, clusters={"local": ClusterSettings(num_cpus=2)}, **settings)
+    return s, make_sessionmaker(make_engine(url))
+
+
+def study_of(url: str, job: Job) -> optuna.Study:
+    return optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
+
+
+def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The trials that count towards n_trials: finished, and not lost to a crash."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(ATTR_LOST)]
