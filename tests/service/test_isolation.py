@@ -155,6 +155,20 @@ def runner_env(url: str, **extra: str) -> dict[str, str]:
     }
 
 
+def run_runner_until_idle(url: str, timeout: float = 120) -> None:
+    """`depthscope runner` in a session of its own until every job is done; it must succeed."""
+    out = subprocess.run(
+        runner_cmd("--timeout", str(timeout)),
+        env=runner_env(url),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout + 80,
+        start_new_session=True,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
 def start_runner(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
     out = log.open("w")
     return subprocess.Popen(
@@ -208,16 +222,7 @@ def test_a_trial_that_keeps_stopping_the_runner_is_not_retried_forever(
             wait_for(lambda n=number: open_run(Session, n), 120, f"trial {number} to train")
         finally:
             kill_session(proc)
-    out = subprocess.run(
-        runner_cmd("--timeout", "120"),
-        env=runner_env(sqlite_url),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        start_new_session=True,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_runner_until_idle(sqlite_url)
     study = study_of(sqlite_url, job)
     trials = counted(study)
     assert len(trials) == 1  # the poisoned candidate counts: the job ends, exactly n_trials
@@ -316,16 +321,7 @@ def test_a_cancel_while_no_runner_is_alive_is_concluded(sqlite_url: str, tmp_pat
         kill_session(proc)
     assert running_trials(sqlite_url, job)
     cancel_job(Session, job.id)
-    out = subprocess.run(
-        runner_cmd("--timeout", "120"),
-        env=runner_env(sqlite_url),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=200,
-        start_new_session=True,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
+    run_runner_until_idle(sqlite_url)
     study = study_of(sqlite_url, job)
     assert study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING)) == []
     assert all(t.user_attrs.get("outcome") == "cancelled" for t in study.trials)
