@@ -1,5 +1,6 @@
-"""Alembic, driven from code: `upgrade`, `downgrade`, `current`. The migrations live in the
-top-level `migrations/` folder and keep their own version table, so they never collide with
+"""Alembic, driven from code: `upgrade`, `downgrade`, `current`. The migrations ship inside
+the package (`nas_service/migrations/`, so an installed wheel can upgrade a database) and
+keep their own version table, so they never collide with
 Optuna's `alembic_version` in the same database."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from alembic.script import ScriptDirectory
 from nas_service.db.engine import make_engine, normalise_url
 
 VERSION_TABLE = "depthscope_alembic_version"
-MIGRATIONS = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"
 
 
 def alembic_config(url: str) -> Config:

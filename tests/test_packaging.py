@@ -1,0 +1,65 @@
+"""The project as a user installs it: a wheel in a fresh virtual environment, used from a
+folder that is not the checkout. `depthscope db upgrade` needs the Alembic scripts, which
+ship inside the package (`nas_service/migrations/`)."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.slow]
+
+#: What `depthscope db` imports (the CLI loads its subcommands lazily): the wheel is
+#: installed without its dependencies (torch, Ray…), then these alone.
+DB_DEPENDENCIES = ["sqlalchemy>=2.0", "alembic>=1.13", "pydantic>=2.6", "pydantic-settings>=2.2"]
+
+
+def run(*cmd: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=600, **kwargs
+    )  # type: ignore[call-overload]
+    assert out.returncode == 0, f"{cmd}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
+    wheels = tmp_path / "wheels"
+    run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "-q",
+        "-w",
+        wheels,
+        ROOT,
+    )
+    wheel = next(wheels.glob("depthscope-*.whl"))
+    venv = tmp_path / "venv"
+    run(sys.executable, "-m", "venv", venv)
+    py = venv / "bin" / "python"
+    run(py, "-m", "pip", "install", "-q", "--no-deps", wheel)
+    run(py, "-m", "pip", "install", "-q", *DB_DEPENDENCIES)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    db = elsewhere / "service.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DEPTHSCOPE_", "PYTHON"))}
+    env["DEPTHSCOPE_DATABASE_URL"] = f"sqlite:///{db}"
+    depthscope = venv / "bin" / "depthscope"
+    run(depthscope, "db", "upgrade", cwd=elsewhere, env=env)
+    assert run(depthscope, "db", "current", cwd=elsewhere, env=env).stdout.strip() == (
+        "0002 (head)"
+    )
+    where = run(py, "-c", "import nas_service; print(nas_service.__file__)", cwd=elsewhere)
+    assert str(venv) in where.stdout  # the installed package, not the checkout
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert {"ds_jobs", "ds_job_events", "ds_trial_runs", "ds_runner_leases"} <= tables
