@@ -1,0 +1,114 @@
+"""The job spec: a search space over depth, width, heads, residual variant and block size, a
+fixed compute budget per candidate, objectives, constraints, and how to search.
+
+The same pydantic model is what the HTTP API accepts and what `depthscope submit` reads from
+YAML. `JobSpec` checks everything a spec can check on its own; `check_job(spec, settings)`
+adds what needs the service's settings (limits, cluster names) and the cost model (a space
+with no valid candidate, a budget too small for one optimizer step). Every refusal names the
+field and the reason (`SpecError`), and nothing is stored on refusal.
+
+A spec may come from a stranger, so everything in it is bounded: every number is finite (no
+NaN or infinity, from JSON or YAML), every integer that sizes an allocation has a ceiling
+(here, or an operator limit of `Settings` checked by `check_job`), strings hold no NUL bytes or
+control characters, a range is counted arithmetically and never expanded before its bound is
+checked, a corpus is read only from where the operator allows (`resolve_corpus`), and YAML is
+read with a size cap and without anchors or aliases (`load_yaml_text`).
+"""
+
+from __future__ import annotations
+
+from nas_service.spec.candidates import (
+    Candidate,
+    base_arch,
+    build_candidate,
+    enumerate_candidates,
+    space_axes,
+    space_size,
+)
+from nas_service.spec.checks import (
+    check_job,
+    resolve_corpus,
+)
+from nas_service.spec.files import (
+    load_spec,
+    load_yaml_text,
+    read_spec_data,
+)
+from nas_service.spec.model import (
+    LOSS,
+    MAX_ASPECT_RATIO,
+    MAX_CONSTRAINTS,
+    MAX_EVALS,
+    MAX_FF_RATIO,
+    MAX_LAYOUT,
+    MAX_LR,
+    MAX_MICROBATCHES,
+    MAX_SEED,
+    MAX_SPEC_BYTES,
+    MAX_VOCAB,
+    MAX_YAML_DEPTH,
+    OBJECTIVE_METRICS,
+    ArchDefaults,
+    Budget,
+    Constraint,
+    CostContext,
+    FloatBudget,
+    IntAxis,
+    IntBudget,
+    IntRange,
+    JobSpec,
+    ParamsTarget,
+    SearchSpace,
+    SpecError,
+    Text,
+    Training,
+    axis_count,
+    axis_max,
+    axis_values,
+    parse_spec,
+)
+
+__all__ = [
+    "LOSS",
+    "MAX_ASPECT_RATIO",
+    "MAX_CONSTRAINTS",
+    "MAX_EVALS",
+    "MAX_FF_RATIO",
+    "MAX_LAYOUT",
+    "MAX_LR",
+    "MAX_MICROBATCHES",
+    "MAX_SEED",
+    "MAX_SPEC_BYTES",
+    "MAX_VOCAB",
+    "MAX_YAML_DEPTH",
+    "OBJECTIVE_METRICS",
+    "ArchDefaults",
+    "Budget",
+    "Candidate",
+    "Constraint",
+    "CostContext",
+    "FloatBudget",
+    "IntAxis",
+    "IntBudget",
+    "IntRange",
+    "JobSpec",
+    "ParamsTarget",
+    "SearchSpace",
+    "SpecError",
+    "Text",
+    "Training",
+    "axis_count",
+    "axis_max",
+    "axis_values",
+    "base_arch",
+    "build_candidate",
+    "check_job",
+    "enumerate_candidates",
+    "load_spec",
+    "load_yaml_text",
+    "parse_spec",
+    "read_spec_data",
+    "resolve_corpus",
+    "space_axes",
+    "space_size",
+]

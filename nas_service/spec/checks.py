@@ -1,0 +1,307 @@
+"""What needs the service's settings: the operator's limits (each refusal names the field,
+the value and the limit), corpora from where the operator allows (`resolve_corpus`), and
+`check_job`."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cost_model import (
+    flops_for_tokens,
+    tokens_for_budget,
+)
+from nas_service.settings import Settings
+from nas_service.spec.candidates import (
+    Candidate,
+    _fmt,
+    _over,
+    _total_params,
+    enumerate_candidates,
+    space_size,
+)
+from nas_service.spec.model import (
+    IntAxis,
+    JobSpec,
+    SpecError,
+    _check_text,
+    axis_count,
+    axis_max,
+)
+
+# -- corpora ----------------------------------------------------------------------------------
+_CORPUS = "training.corpus"
+_BUILTIN = "builtin"  # workers.data.BUILTIN (not imported here: workers.data loads torch)
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or path.is_relative_to(root)
+
+
+def resolve_corpus(corpus: str | None, settings: Settings) -> str | None:
+    """Where `training.corpus` may be read from, as an absolute path with symbolic links
+    resolved, or None for the built-in corpus (None or "builtin").
+
+    A name registered in `settings.corpora` gives that path (a relative one is taken inside
+    `settings.data_dir`). Anything else is a path inside `settings.data_dir`: relative to it,
+    or absolute and lying in it. It must exist, be a regular file or a folder, and still lie
+    inside the data folder once every symbolic link is followed. Otherwise `SpecError` on
+    "training.corpus" says why, and never whether a path outside the data folder exists.
+    The service calls it in `check_job`; the runner calls it again before training."""
+    if corpus is None:
+        return None
+    try:
+        _check_text(corpus)
+    except ValueError as exc:
+        raise SpecError([(_CORPUS, str(exc))]) from None
+    if corpus in settings.corpora:
+        return _registered_corpus(corpus, settings)
+    if corpus == _BUILTIN:
+        return None
+    shown = repr(corpus)
+    registered = ", ".join(sorted(settings.corpora))
+    outside = SpecError(
+        [
+            (
+                _CORPUS,
+                f"{shown} is not a registered corpus and not a path inside the data folder"
+                + (f" (registered: {registered})" if registered else ""),
+            )
+        ]
+    )
+    escapes = SpecError([(_CORPUS, f"{shown} leads outside the data folder (a symbolic link)")])
+    root_given = settings.data_dir.expanduser().absolute()
+    root = Path(os.path.realpath(root_given))
+    raw = Path(corpus)
+    target = raw if raw.is_absolute() else root / raw
+    lexical = Path(os.path.normpath(target))
+    if not (_inside(lexical, root) or _inside(lexical, Path(os.path.normpath(root_given)))):
+        raise outside  # decided on the text alone: nothing outside is looked at
+    try:
+        real = target.resolve(strict=True)
+    except (OSError, RuntimeError):  # missing, a loop, a file used as a folder, no access
+        try:
+            loose = target.resolve(strict=False)
+        except (OSError, RuntimeError):
+            loose = lexical
+        if not _inside(loose, root):
+            raise escapes from None
+        raise SpecError(
+            [
+                (
+                    _CORPUS,
+                    f"{shown} is not a registered corpus and does not exist in the data folder"
+                    + (f" (registered: {registered})" if registered else ""),
+                )
+            ]
+        ) from None
+    if not _inside(real, root):
+        raise escapes
+    if real == root:
+        raise SpecError(
+            [(_CORPUS, f"{shown} is the data folder itself; name a file or folder inside it")]
+        )
+    if not (real.is_file() or real.is_dir()):
+        raise SpecError([(_CORPUS, f"{shown} is not a regular file or a folder")])
+    return str(real)
+
+
+def _registered_corpus(name: str, settings: Settings) -> str:
+    path = settings.corpora[name].expanduser()
+    if not path.is_absolute():
+        path = settings.data_dir.expanduser().absolute() / path
+    try:
+        real = path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        real = None
+    if real is None or not (real.is_file() or real.is_dir()):
+        raise SpecError(
+            [(_CORPUS, f"the registered corpus {name!r} is not available on this service")]
+        )
+    return str(real)
+
+
+# -- the job against the settings -------------------------------------------------------------
+def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
+    """Every operator limit that can be checked without building a candidate (nothing here
+    grows with a range's width)."""
+    errors: list[tuple[str, str]] = []
+    s = settings
+    if spec.n_trials > s.max_trials:
+        errors.append(_over("n_trials", spec.n_trials, s.max_trials))
+    budgets = spec.budget.raw_values()
+    field = f"budget.{spec.budget.kind}"
+    limit = s.max_budget_flops if spec.budget.kind == "flops" else s.max_budget_tokens
+    if max(budgets) > limit:
+        errors.append(_over(field, max(budgets), limit))
+    if len(budgets) > s.max_axis_values:
+        errors.append(
+            (field, f"{len(budgets)} values, over the limit of {s.max_axis_values} per axis")
+        )
+    if spec.max_concurrent > s.max_concurrent_trials:
+        errors.append(_over("max_concurrent", spec.max_concurrent, s.max_concurrent_trials))
+    if spec.seeds > s.max_seeds:
+        errors.append(_over("seeds", spec.seeds, s.max_seeds))
+    if spec.cluster not in s.clusters:
+        errors.append(
+            (
+                "cluster",
+                f"unknown cluster {spec.cluster!r}; configured: {', '.join(s.clusters)}",
+            )
+        )
+    size = space_size(spec)
+    if size > s.max_candidates_enumerated:
+        errors.append(
+            (
+                "space",
+                f"more than {s.max_candidates_enumerated} candidates ({_fmt(size)}); "
+                "narrow the space",
+            )
+        )
+    space = spec.space
+    axes: list[tuple[str, IntAxis | None, int]] = [
+        ("n_layers", space.n_layers, s.max_n_layers),
+        ("d_model", space.d_model, s.max_d_model),
+        ("n_heads", space.n_heads, s.max_d_model),
+        ("block_sizes", space.block_sizes, 2 * s.max_n_layers),  # S counts sublayers
+    ]
+    for name, axis, top in axes:
+        if axis is None:
+            continue
+        count = axis_count(axis)
+        if count > s.max_axis_values:
+            errors.append(
+                (
+                    f"space.{name}",
+                    f"{_fmt(count)} values, over the limit of {s.max_axis_values} per axis",
+                )
+            )
+        largest = axis_max(axis)
+        if largest is not None and largest > top:
+            errors.append(_over(f"space.{name}", largest, top))
+    if space.aspect_ratio is not None and len(space.aspect_ratio) > s.max_axis_values:
+        errors.append(
+            (
+                "space.aspect_ratio",
+                f"{len(space.aspect_ratio)} values, over the limit of {s.max_axis_values} per axis",
+            )
+        )
+    if space.head_dim > s.max_d_model:
+        errors.append(_over("space.head_dim", space.head_dim, s.max_d_model))
+    if space.params_target is not None and space.params_target.params > s.max_params:
+        errors.append(_over("space.params_target.params", space.params_target.params, s.max_params))
+    training, cost = spec.training, spec.cost
+    if training.seq_len > s.max_seq_len:
+        errors.append(_over("training.seq_len", training.seq_len, s.max_seq_len))
+    if training.batch_size > s.max_batch_size:
+        errors.append(_over("training.batch_size", training.batch_size, s.max_batch_size))
+    if training.threads is not None and training.threads > s.max_threads:
+        errors.append(_over("training.threads", training.threads, s.max_threads))
+    if cost.seq_len is not None and cost.seq_len > s.max_seq_len:
+        errors.append(_over("cost.seq_len", cost.seq_len, s.max_seq_len))
+    if cost.decode_context is not None and cost.decode_context > s.max_seq_len:
+        errors.append(_over("cost.decode_context", cost.decode_context, s.max_seq_len))
+    if cost.micro_batch > s.max_batch_size:
+        errors.append(_over("cost.micro_batch", cost.micro_batch, s.max_batch_size))
+    try:
+        resolve_corpus(training.corpus, settings)
+    except SpecError as exc:
+        errors.extend(exc.errors)
+    return errors
+
+
+def _describe(candidate: Candidate) -> str:
+    return ", ".join(f"{k}={v}" for k, v in candidate.params.items())
+
+
+def _candidate_limits(
+    spec: JobSpec, valid: list[Candidate], settings: Settings
+) -> list[tuple[str, str]]:
+    """The limits on what the candidates turned out to be: width, parameters, and the
+    estimated compute of the whole job."""
+    errors: list[tuple[str, str]] = []
+    archs = [(c, c.arch) for c in valid if c.arch is not None]
+    width_field = "space.aspect_ratio" if spec.space.aspect_ratio is not None else "space"
+    if spec.space.params_target is not None:
+        width_field = "space.params_target"
+    widest, widest_arch = max(archs, key=lambda t: t[1].d_model)
+    if widest_arch.d_model > settings.max_d_model:
+        errors.append(
+            (
+                width_field,
+                f"the candidate {_describe(widest)} has d_model {widest_arch.d_model}, "
+                f"over the limit of {settings.max_d_model}",
+            )
+        )
+    params = [(_total_params(a), c) for c, a in archs]
+    most, biggest = max(params, key=lambda t: t[0])
+    if most > settings.max_params:
+        errors.append(
+            (
+                "space",
+                f"the candidate {_describe(biggest)} has {most:.3g} parameters, over the "
+                f"limit of {_fmt(settings.max_params)}",
+            )
+        )
+    budgets = spec.budget.raw_values()
+    if spec.budget.kind == "flops":
+        per_run = float(max(budgets))
+    else:
+        per_run = max(flops_for_tokens(a, int(max(budgets))) for _, a in archs)
+    job = spec.n_trials * spec.seeds * per_run
+    if job > settings.max_job_flops:
+        errors.append(
+            (
+                "budget",
+                f"the job's estimated compute, n_trials × seeds × {per_run:.3g} FLOPs = "
+                f"{job:.3g} FLOPs, is over the limit of {_fmt(settings.max_job_flops)}",
+            )
+        )
+    return errors
+
+
+def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
+    """What needs the settings and the cost model. Returns the valid candidates; raises
+    `SpecError` for anything over the operator's limits (n_trials, budget, concurrency,
+    seeds, the size of the space and of each axis, depth, width, heads, sequence length,
+    batch size, threads, parameters per candidate, the estimated compute of the job), an
+    unknown cluster, a corpus from outside the data folder, a space with no valid candidate,
+    or a budget too small for one optimizer step of the smallest candidate.
+
+    Everything that can be checked arithmetically is checked before any candidate is built,
+    so a hostile range costs nothing."""
+    errors = _limits(spec, settings)
+    if errors:
+        raise SpecError(errors)
+    candidates = list(enumerate_candidates(spec, settings.max_candidates_enumerated))
+    valid = [c for c in candidates if c.arch is not None]
+    if not valid:
+        reasons = sorted({c.reason for c in candidates})
+        raise SpecError([("space", "no valid candidate: " + "; ".join(reasons[:3]))])
+    errors = _candidate_limits(spec, valid, settings)
+    if errors:
+        raise SpecError(errors)
+    budgets = spec.budget.values()
+    step_tokens = spec.training.batch_size * spec.training.seq_len
+    if spec.budget.kind == "flops":
+        best = max(tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch)
+        if best < step_tokens:
+            raise SpecError(
+                [
+                    (
+                        "budget.flops",
+                        f"buys at most {best} tokens, fewer than one optimizer step "
+                        f"({step_tokens} = batch_size × seq_len) of the smallest candidate",
+                    )
+                ]
+            )
+    elif min(budgets) < step_tokens:
+        raise SpecError(
+            [
+                (
+                    "budget.tokens",
+                    f"{int(min(budgets))} is fewer than one optimizer step ({step_tokens})",
+                )
+            ]
+        )
+    return valid
