@@ -90,6 +90,32 @@ def connect_ray(cluster: ClusterSettings) -> bool:
     return True
 
 
+def shutdown_ray(local: bool) -> None:
+    """Disconnect from Ray; for a local Ray this process started, make sure every process it
+    started is gone. (Ray's agents watch for their raylet and exit on their own, but on a busy
+    machine that took over a minute: they are stopped here, from a list of this process's
+    own descendants taken before the shutdown, never by name.)"""
+    import ray
+
+    tree = []
+    if local:
+        import psutil
+
+        tree = psutil.Process().children(recursive=True)
+    ray.shutdown()
+    if not tree:
+        return
+    import psutil
+
+    _, alive = psutil.wait_procs(tree, timeout=5)
+    for proc in alive:
+        try:
+            proc.kill()  # psutil checks the pid still names the process it listed
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(alive, timeout=5)
+
+
 def largest_node() -> dict[str, float]:
     """The resources of the largest alive node (CPU, GPU): what one trial can ask for."""
     import ray

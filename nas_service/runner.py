@@ -28,36 +28,27 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.cluster import connect_ray, largest_node, retryable
-from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
+from nas_service.cluster import connect_ray, largest_node, shutdown_ray
+from nas_service.db import Job, JobEvent, make_engine, make_sessionmaker, upgrade
 from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
 from nas_service.lease import Lease, LeaseLost
+from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes
 from nas_service.recovery import jobs_to_recover, record_event, recover_job
 from nas_service.search import (
     ATTR_ARCH,
     ATTR_COSTS,
-    ATTR_CURVE,
     ATTR_LOST,
-    ATTR_OUTCOME,
-    ATTR_REASON,
-    ATTR_TRAIN,
-    Priced,
-    cannot_reach_front,
-    curve_rows,
     load_study,
-    objective_values,
     price_candidate,
-    seed_statistics,
     suggest,
-    train_summary,
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
@@ -67,7 +58,6 @@ __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then failed
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 
 
@@ -82,24 +72,7 @@ class ActiveJob:
     corpus: str | None
 
 
-@dataclass
-class Flight:
-    """One trial in flight: its candidate, the seed being trained and what came back."""
-
-    job_id: str
-    spec: JobSpec
-    study: optuna.Study
-    trial: optuna.Trial
-    priced: Priced
-    run_id: int
-    seed: int = 0
-    attempt: int = 1
-    gen: Any = None
-    points: list[EvalPoint] = field(default_factory=list)
-    results: list[TrainResult] = field(default_factory=list)
-
-
-class Runner:
+class Runner(TrialOutcomes):
     """Drives every active job on one Ray cluster (`cluster`, a name from the settings).
     With `watch_parent`, it stops when the process that started it dies (`depthscope serve`
     starts its runners so)."""
@@ -213,9 +186,7 @@ class Runner:
             except Exception as exc:  # the lease expires by itself
                 log.warning("could not release the lease: %s", describe(exc))
             if owns_ray:  # a local Ray's processes (its agents included) go with it
-                import ray
-
-                ray.shutdown()
+                shutdown_ray(local=self.settings.clusters[self.cluster].address is None)
 
     def _acquire(self, check_time: Any, poll_s: float) -> None:
         """Wait until this runner holds the cluster's lease."""
@@ -366,39 +337,6 @@ class Runner:
         self.flights.append(flight)
         return flight
 
-    def _new_run(self, job_id: str, number: int, params: dict[str, Any], attempt: int) -> int:
-        with self.Session.begin() as s:
-            run = TrialRun(job_id=job_id, trial_number=number, params=params, attempt=attempt)
-            s.add(run)
-            s.flush()
-            return run.id
-
-    def _update_run(self, run_id: int, number: int, params: dict[str, Any] | None = None) -> None:
-        with self.Session.begin() as s:
-            run = s.get(TrialRun, run_id)
-            if run is not None:
-                run.trial_number = number
-                if params is not None:
-                    run.params = params
-
-    def _drop_run(self, run_id: int) -> None:
-        with self.Session.begin() as s:
-            run = s.get(TrialRun, run_id)
-            if run is not None:
-                s.delete(run)
-
-    def _launch(self, flight: Flight) -> None:
-        import ray
-
-        from workers.task import train_streaming
-
-        assert flight.priced.train_spec is not None
-        spec = flight.priced.train_spec.replace(seed=flight.seed)
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-        cpus = spec.threads or 1
-        flight.points = []
-        flight.gen = train_streaming.options(num_cpus=cpus, num_gpus=gpus).remote(spec)
-
     def _poll(self, timeout_s: float) -> None:
         import ray
 
@@ -438,145 +376,6 @@ class Runner:
             flight, item = self.backlog.pop(0)
             if flight in self.flights:
                 self._conclude(flight, item)
-
-    # -- outcomes ------------------------------------------------------------------------
-    def _tell(
-        self,
-        study: optuna.Study,
-        trial: optuna.Trial,
-        outcome: str,
-        reason: str,
-        state: TrialState | None = None,
-        values: list[float] | None = None,
-        **attrs: Any,
-    ) -> None:
-        """The one way a trial is concluded: its outcome, reason and other attributes, then
-        the state (or the objective values) told to the study."""
-        try:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            trial.set_user_attr(ATTR_OUTCOME, outcome)
-            if reason:
-                trial.set_user_attr(ATTR_REASON, reason)
-            study.tell(trial, values, state=state)
-        except optuna.exceptions.UpdateFinishedTrialError as exc:
-            log.info("trial %d was concluded already: %s", trial.number, exc)
-        except ValueError as exc:  # told already (a retry after an outage, a recovery)
-            if not str(exc).startswith("Cannot tell a"):
-                raise
-            log.info("trial %d was concluded already: %s", trial.number, exc)
-
-    def _close_run(self, run_id: int, state: str, reason: str) -> None:
-        with self.Session.begin() as s:
-            run = s.get(TrialRun, run_id)
-            if run is not None and run.state == "running":
-                run.state, run.reason = state, reason
-                run.finished_at = dt.datetime.now(dt.UTC)
-
-    def _finish_run(self, flight: Flight, state: str, reason: str) -> None:
-        self._close_run(flight.run_id, state, reason)
-        if flight in self.flights:
-            self.flights.remove(flight)
-
-    def _on_point(self, flight: Flight, point: EvalPoint) -> None:
-        if not flight.points or flight.points[-1] is not point:  # not again after an outage
-            flight.points.append(point)
-        if flight.seed != 0 or flight.spec.pruner == "none":
-            return
-        trial, spec = flight.trial, flight.spec
-        reason = None
-        if not spec.multi_objective:
-            trial.report(point.val_loss, point.step)
-            if trial.should_prune():
-                reason = f"median pruner at step {point.step} (val_loss {point.val_loss:.4f})"
-        else:
-            train = flight.priced.train_spec
-            assert train is not None
-            budget_tokens = train.planned_steps() * train.tokens_per_step
-            finished = flight.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            curves = [t.user_attrs.get(ATTR_CURVE, []) for t in finished]
-            reason = cannot_reach_front(
-                finished,
-                spec,
-                flight.priced.metrics,
-                point.val_loss,
-                point.tokens / budget_tokens,
-                curves,
-            )
-        if reason is None:
-            return
-        self._stop_task(flight)
-        curve = curve_rows(flight.points)
-        self._tell(flight.study, trial, "pruned", reason, TrialState.PRUNED, **{ATTR_CURVE: curve})
-        self._finish_run(flight, "pruned", reason)
-
-    def _on_result(self, flight: Flight, result: TrainResult) -> None:
-        trial = flight.trial
-        if not flight.results or flight.results[-1] is not result:
-            flight.results.append(result)
-        train = [train_summary(r) for r in flight.results]
-        if result.status == "diverged":  # recorded, never retried
-            attrs = {ATTR_TRAIN: train, ATTR_CURVE: curve_rows(result.curve)}
-            self._tell(flight.study, trial, "diverged", result.reason, TrialState.FAIL, **attrs)
-            self._finish_run(flight, "diverged", result.reason)
-            return
-        if flight.seed + 1 < flight.spec.seeds:
-            flight.seed += 1
-            self._launch(flight)
-            return
-        losses = [r.final_val_loss for r in flight.results]
-        stats = seed_statistics(losses)
-        values = objective_values(flight.spec, stats["mean"], flight.priced.metrics)
-        attrs = {
-            ATTR_TRAIN: train,
-            ATTR_CURVE: curve_rows(flight.results[0].curve),
-            "val_loss_seeds": stats | {"values": losses},
-        }
-        self._tell(flight.study, trial, "completed", "", values=values, **attrs)
-        self._finish_run(flight, "completed", "")
-
-    def _fail(self, flight: Flight, reason: str) -> None:
-        self._tell(flight.study, flight.trial, "failed", reason, TrialState.FAIL)
-        self._finish_run(flight, "failed", reason)
-        self._event(flight.job_id, "trial_failed", f"trial {flight.trial.number}: {reason}")
-
-    def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
-        reason = describe(exc)
-        if retryable(exc) and flight.attempt < MAX_ATTEMPTS:
-            self._close_run(flight.run_id, "lost", reason)
-            flight.attempt += 1
-            flight.run_id = self._new_run(
-                flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
-            )
-            self._event(
-                flight.job_id,
-                "trial_retry",
-                f"trial {flight.trial.number} attempt {flight.attempt}: {reason}",
-            )
-            self._launch(flight)
-            return
-        tries = f"after {flight.attempt} attempts: " if flight.attempt > 1 else ""
-        self._fail(flight, tries + reason)
-
-    def _stop_task(self, flight: Flight) -> None:
-        import ray
-
-        try:
-            ray.cancel(flight.gen, force=True)
-        except Exception as exc:  # already finished or its worker gone: nothing to stop
-            log.debug("cancel of trial %d: %s", flight.trial.number, exc)
-
-    def _cancel_flights(self, job_id: str, outcome: str, reason: str) -> None:
-        for flight in [f for f in self.flights if f.job_id == job_id]:
-            self._stop_task(flight)
-            self._tell(flight.study, flight.trial, outcome, reason, TrialState.FAIL)
-            self._finish_run(flight, "failed", reason)
-
-    def _abandon_flights(self) -> None:
-        """Stop every task without telling anything (the lease holder recovers them)."""
-        for flight in self.flights:
-            self._stop_task(flight)
-        self.flights.clear()
 
 
 def main(argv: list[str] | None = None) -> int:
