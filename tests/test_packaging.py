@@ -5,6 +5,7 @@ ship inside the package (`nas_service/migrations/`)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -29,6 +30,14 @@ def run(*cmd: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
 
 
 def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
+    source = tmp_path / "source"  # built from a copy: the checkout gets no build/ folder
+    for part in ("pyproject.toml", "README.md"):
+        source.mkdir(exist_ok=True)
+        shutil.copy(ROOT / part, source / part)
+    for package in ("cost_model", "workers", "nas_service"):
+        shutil.copytree(
+            ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
     wheels = tmp_path / "wheels"
     run(
         sys.executable,
@@ -40,7 +49,7 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
         "-q",
         "-w",
         wheels,
-        ROOT,
+        source,
     )
     wheel = next(wheels.glob("depthscope-*.whl"))
     venv = tmp_path / "venv"
