@@ -18,6 +18,7 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cost_model import CostInputError
+from nas_service.failures import is_database_outage
 from nas_service.jobs import JobLimitError, JobNotFound, JobStateError
 from nas_service.spec import SpecError
 
@@ -122,17 +123,6 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
         if route.path_regex.match(path):
             methods |= set(route.methods or ())
     return sorted(methods)
-
-
-def is_database_outage(exc: BaseException) -> bool:
-    """An error that says the database cannot be used now (not that the request is wrong)."""
-    if isinstance(exc, sa_exc.TimeoutError):  # no pooled connection in time
-        return True
-    if isinstance(exc, sa_exc.DBAPIError):
-        return bool(exc.connection_invalidated) or isinstance(
-            exc, sa_exc.OperationalError | sa_exc.InterfaceError
-        )
-    return False
 
 
 def install(app: FastAPI) -> None:

@@ -391,3 +391,18 @@ def test_recovery_keeps_the_outcome_of_a_trial_told_before_the_runner_stopped(
     assert runs == {told.number: "completed", left.number: "lost"}
     waiting = study_of(sqlite_url, job).get_trials(states=(TrialState.WAITING,))
     assert [t.user_attrs["ds_retry_of"] for t in waiting] == [left.number]
+
+
+def test_an_outage_is_recognised_through_what_wraps_it(tmp_path: Path) -> None:
+    """Optuna wraps the database's errors (StorageInternalError from an OperationalError):
+    the runner and the API must still see an outage, not a bug (a 503, not a 500)."""
+    from nas_service.failures import is_database_outage
+
+    url = f"sqlite:///{tmp_path / 'gone' / 'x.db'}"  # a folder that does not exist
+    storage_error = None
+    try:
+        optuna_storage(url)
+    except Exception as exc:  # what Optuna raises when it cannot reach the database
+        storage_error = exc
+    assert storage_error is not None and is_database_outage(storage_error)
+    assert not is_database_outage(ValueError("a bug"))
