@@ -27,7 +27,6 @@ import asyncio
 import collections
 import contextlib
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -64,15 +63,6 @@ JOB: dict[str, Any] = {
     "cost": {"hardware": "cpu"},
 }
 PARETO = {"metrics": "val_loss,train_memory_bytes"}
-
-
-def _load_support() -> Any:
-    path = Path(__file__).resolve().parent / "support.py"
-    spec = importlib.util.spec_from_file_location("bench_support", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _psutil() -> Any:
@@ -513,7 +503,9 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ds-load-"))
     drop = None
     if args.db == "postgres":
-        db_url, drop = _load_support().temp_postgres()
+        import support  # bench/support.py: this script's folder is on sys.path
+
+        db_url, drop = support.temp_postgres()
     else:
         db_url = f"sqlite:///{workdir / 'load.db'}"
     try:
