@@ -16,6 +16,7 @@ from cost_model._config import (
     ArchConfigError,
     ArchGrid,
     CostInputError,
+    Variant,
 )
 from cost_model._workload import RECOMPUTE_MODES, Parallelism, Workload
 from cost_model.budget import (
@@ -56,6 +57,7 @@ __all__ = [
     "PRESETS",
     "RECOMPUTE_MODES",
     "VARIANTS",
+    "Variant",
     "ActivationSettings",
     "ArchConfig",
     "ArchConfigError",

@@ -15,13 +15,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
-#: Every residual variant depthscope knows. The last three are the paper's Table 4 ablations of
-#: Full AttnRes.
-VARIANTS: tuple[str, ...] = (
+#: Every residual variant depthscope knows: the one vocabulary that the cost model
+#: (`cost_model.residuals`), the torch model (`workers.model.mixers`), the job spec and the API
+#: all use. The last three are the paper's Table 4 ablations of Full AttnRes.
+Variant = Literal[
     "baseline",
     "full_attnres",
     "block_attnres",
@@ -30,7 +31,8 @@ VARIANTS: tuple[str, ...] = (
     "attnres_input_query",
     "attnres_sigmoid",
     "attnres_no_key_norm",
-)
+]
+VARIANTS: tuple[str, ...] = get_args(Variant)
 #: Variants with one softmax (or sigmoid) attention over depth per sublayer, source = every
 #: earlier sublayer output (N = L).
 FULL_ATTNRES_FAMILY: frozenset[str] = frozenset(
@@ -140,7 +142,7 @@ class ArchConfig(_Derived):
     positions: str = "rope"
     bias: bool = False
     tie_embeddings: bool = True
-    variant: str = "baseline"
+    variant: Variant = "baseline"
     block_size: int | None = None  # S in sublayers; Block AttnRes only
     mhc_streams: int | None = None  # n; mHC-lite only (None: 4)
     dtype: str = "float32"  # compute / activation dtype
