@@ -21,15 +21,14 @@ from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from cost_model import ArchConfig, price
-from nas_service.search import residual_choices
-from nas_service.spec import JobSpec
+from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 
 
 def synthetic_trials(
     spec: JobSpec, n: int, optimum: float = 40.0, seed: int = 0
 ) -> list[optuna.trial.FrozenTrial]:
     rng = random.Random(seed)
-    residuals = residual_choices(spec)
+    residuals = CandidateSpace(spec).grid()["residual"]
     depths = [1, 2, 3, 4, 6, 8, 12, 16]
     widths = [64, 128, 192, 256, 384, 512]
     dist = {
@@ -41,14 +40,14 @@ def synthetic_trials(
     trials = []
     for _ in range(n):
         residual, n_layers, d_model = rng.choice(residuals), rng.choice(depths), rng.choice(widths)
-        variant = residual.split("/")[0]
-        block = int(residual.split("=")[1]) if "/S=" in residual else None
+        decoded = decode_residual(residual)
+        variant = decoded["variant"]
         arch = ArchConfig(
             n_layers=n_layers,
             d_model=d_model,
             n_heads=d_model // 64,
             variant=variant,
-            block_size=block,
+            block_size=decoded.get("block_size"),
         )
         key = (residual, n_layers, d_model)
         if key not in priced:

@@ -2,9 +2,11 @@
 `TrainSpec` of a candidate; what is told back.
 
 Studies are ordinary Optuna studies in the service's database (readable by any Optuna tool).
-The searched parameters are `residual` (a variant, or `block_attnres/S=<size>`), `n_layers`
-and the width axis (`d_model` or `aspect_ratio`), plus `n_heads` when searched: no
-conditional parameters, so every sampler (grid included) sees one flat space.
+The study's parameters are those of `spec.CandidateSpace` (the one description of the
+space, and of the `residual` codec: a variant, or `block_attnres/S=<size>`): `residual`,
+`n_layers`, the width axis (`d_model` or `aspect_ratio`), `n_heads` when searched, `budget`
+when there are several. No conditional parameters, so every sampler (grid included) sees one
+flat space.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 import optuna
 
 from cost_model import get_hardware, price
-from nas_service.spec import IntRange, JobSpec, axis_values, build_candidate, space_axes
+from nas_service.spec import CandidateSpace, JobSpec, Training, build_candidate
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
@@ -31,31 +33,9 @@ ATTR_CURVE = "curve"
 ATTR_LOST = "ds_lost"  # failed by a crash of the service and re-enqueued: does not count
 
 
-def residual_choices(spec: JobSpec) -> list[str]:
-    out = []
-    for variant in spec.space.variants:
-        if variant == "block_attnres":
-            out += [f"block_attnres/S={s}" for s in axis_values(spec.space.block_sizes)]
-        else:
-            out.append(variant)
-    return out
-
-
-def split_residual(value: str) -> dict[str, Any]:
-    if value.startswith("block_attnres/S="):
-        return {"variant": "block_attnres", "block_size": int(value.split("=", 1)[1])}
-    return {"variant": value}
-
-
 def grid_space(spec: JobSpec) -> dict[str, list[Any]]:
-    """The study's flat space: the space's axes with variant and block size folded into
-    `residual`, plus the budget when there are several."""
-    axes = space_axes(spec)
-    grid: dict[str, list[Any]] = {"residual": residual_choices(spec)}
-    grid |= {k: v for k, v in axes.items() if k not in ("variant", "block_size")}
-    if len(spec.budget.values()) > 1:
-        grid["budget"] = spec.budget.values()
-    return grid
+    """The study's flat space, every parameter with all its values (the grid sampler's)."""
+    return CandidateSpace(spec).grid()
 
 
 class _Grid(optuna.samplers.GridSampler):
@@ -106,29 +86,10 @@ def load_study(spec: JobSpec, storage: optuna.storages.BaseStorage, name: str) -
     )
 
 
-def _suggest_axis(trial: optuna.Trial, name: str, axis: Any) -> Any:
-    if isinstance(axis, IntRange):
-        return trial.suggest_int(name, axis.low, axis.high, step=axis.step)
-    return trial.suggest_categorical(name, list(axis))
-
-
 def suggest(trial: optuna.Trial, spec: JobSpec) -> dict[str, Any]:
-    """The trial's searched parameters (fixed ones of an enqueued trial come back as they
-    were)."""
-    space = spec.space
-    params: dict[str, Any] = {
-        "residual": trial.suggest_categorical("residual", residual_choices(spec))
-    }
-    params["n_layers"] = _suggest_axis(trial, "n_layers", space.n_layers)
-    if space.d_model is not None:
-        params["d_model"] = _suggest_axis(trial, "d_model", space.d_model)
-    if space.aspect_ratio is not None:
-        params["aspect_ratio"] = trial.suggest_categorical("aspect_ratio", list(space.aspect_ratio))
-    if space.n_heads is not None:
-        params["n_heads"] = _suggest_axis(trial, "n_heads", space.n_heads)
-    if len(spec.budget.values()) > 1:
-        params["budget"] = trial.suggest_categorical("budget", spec.budget.values())
-    return params
+    """The trial's study parameters (`CandidateSpace.suggest`; the fixed ones of an enqueued
+    trial come back as they were)."""
+    return CandidateSpace(spec).suggest(trial)
 
 
 def trial_budget(spec: JobSpec, params: dict[str, Any]) -> float:
@@ -157,7 +118,7 @@ def price_candidate(
     """Arch for the params, every cost metric, the constraints, and the `TrainSpec`.
     `corpus` is what the workers read: the runner passes the spec's corpus as resolved
     against the operator's settings (`spec.resolve_corpus`); by default the spec's own."""
-    candidate = build_candidate(spec, {**split_residual(params["residual"]), **params})
+    candidate = build_candidate(spec, CandidateSpace.from_study(params))
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
     arch = candidate.arch
@@ -173,23 +134,10 @@ def price_candidate(
         if value > constraint.max:
             reason = f"{constraint.metric} = {value:.4g} is over the cap {constraint.max:.4g}"
             return Priced(params, arch.to_dict(), metrics, "over_constraint", reason, None)
-    t = spec.training
-    train_spec = TrainSpec(
-        arch=arch,
-        budget_flops=trial_budget(spec, params) if spec.budget.kind == "flops" else None,
-        budget_tokens=int(trial_budget(spec, params)) if spec.budget.kind == "tokens" else None,
-        batch_size=t.batch_size,
-        lr=t.lr,
-        schedule=t.schedule,
-        warmup_frac=t.warmup_frac,
-        weight_decay=t.weight_decay,
-        n_evals=t.n_evals,
-        eval_batches=t.eval_batches,
-        corpus=t.corpus if corpus is _SPEC_CORPUS else corpus,
-        seed=seed,
-        threads=t.threads,
-        device="auto",
-    )
+    training = spec.training.model_dump(exclude=set(Training.ARCH_FIELDS))
+    budget = spec.budget.train_fields(trial_budget(spec, params))
+    corpus = spec.training.corpus if corpus is _SPEC_CORPUS else corpus
+    train_spec = TrainSpec(arch=arch, seed=seed, **budget, **training | {"corpus": corpus})
     if train_spec.planned_steps() < 1:
         reason = f"the budget buys {train_spec.planned_tokens()} tokens, less than one step"
         return Priced(params, arch.to_dict(), metrics, "infeasible", reason, None)

@@ -9,11 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 from cost_model import ArchConfig, CostInputError, tokens_for_budget
 
-SCHEDULES = ("cosine", "wsd")
+#: The learning-rate schedules (the service's `spec.Training.schedule` is typed by this too).
+Schedule = Literal["cosine", "wsd"]
+SCHEDULES: tuple[str, ...] = get_args(Schedule)
 STATUSES = ("completed", "stopped", "diverged")
 
 
@@ -40,7 +42,7 @@ class TrainSpec:
     budget_tokens: int | None = None
     batch_size: int = 16
     lr: float = 3e-3
-    schedule: str = "cosine"
+    schedule: Schedule = "cosine"
     warmup_frac: float = 0.05
     decay_frac: float = 0.2  # WSD only
     min_lr_ratio: float = 0.1
@@ -78,7 +80,7 @@ class TrainSpec:
             raise TrainSpecError("lr", f"must be a positive number, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise TrainSpecError(
-                "schedule", f"unknown value {self.schedule!r}; expected cosine or wsd"
+                "schedule", f"unknown value {self.schedule!r}; expected {' or '.join(SCHEDULES)}"
             )
         for name in ("warmup_frac", "decay_frac", "min_lr_ratio"):
             if not 0 <= getattr(self, name) <= 1:

@@ -22,7 +22,6 @@ from nas_service.spec.candidates import (
     base_arch,
     build_candidate,
     enumerate_candidates,
-    space_axes,
     space_size,
 )
 from nas_service.spec.checks import (
@@ -67,8 +66,17 @@ from nas_service.spec.model import (
     axis_values,
     parse_spec,
 )
+from nas_service.spec.space import (
+    AXES,
+    Axis,
+    AxisDef,
+    CandidateSpace,
+    decode_residual,
+    encode_residual,
+)
 
 __all__ = [
+    "AXES",
     "LOSS",
     "MAX_ASPECT_RATIO",
     "MAX_CONSTRAINTS",
@@ -83,8 +91,11 @@ __all__ = [
     "MAX_YAML_DEPTH",
     "OBJECTIVE_METRICS",
     "ArchDefaults",
+    "Axis",
+    "AxisDef",
     "Budget",
     "Candidate",
+    "CandidateSpace",
     "Constraint",
     "CostContext",
     "FloatBudget",
@@ -103,12 +114,13 @@ __all__ = [
     "base_arch",
     "build_candidate",
     "check_job",
+    "decode_residual",
+    "encode_residual",
     "enumerate_candidates",
     "load_spec",
     "load_yaml_text",
     "parse_spec",
     "read_spec_data",
     "resolve_corpus",
-    "space_axes",
     "space_size",
 ]

@@ -1,9 +1,8 @@
-"""The candidates of a space: its axes, one candidate's architecture, the whole space
-enumerated (bounded) and counted (arithmetically)."""
+"""The candidates of a space: one candidate's architecture (`build_candidate`), the whole
+space enumerated (bounded) and counted (arithmetically), both read from `CandidateSpace`."""
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,12 +12,8 @@ from cost_model import (
     CostInputError,
     width_for_params,
 )
-from nas_service.spec.model import (
-    JobSpec,
-    SpecError,
-    axis_count,
-    axis_values,
-)
+from nas_service.spec.model import JobSpec, SpecError
+from nas_service.spec.space import AXES, CandidateSpace
 
 
 # -- candidates -------------------------------------------------------------------------------
@@ -46,33 +41,16 @@ def base_arch(spec: JobSpec) -> dict[str, Any]:
     }
 
 
-def space_axes(spec: JobSpec) -> dict[str, list[Any]]:
-    """The searched parameters and their choices, in a fixed order."""
-    space = spec.space
-    axes: dict[str, list[Any]] = {
-        "variant": list(space.variants),
-        "n_layers": axis_values(space.n_layers),
-    }
-    if space.d_model is not None:
-        axes["d_model"] = axis_values(space.d_model)
-    if space.aspect_ratio is not None:
-        axes["aspect_ratio"] = list(space.aspect_ratio)
-    if space.n_heads is not None:
-        axes["n_heads"] = axis_values(space.n_heads)
-    if space.block_sizes is not None:
-        axes["block_size"] = axis_values(space.block_sizes)
-    return axes
-
-
 def build_candidate(spec: JobSpec, params: dict[str, Any]) -> Candidate:
-    """The architecture for one set of searched parameters (a conditional `block_size` is
-    ignored unless the variant is block_attnres)."""
+    """The architecture for one candidate's parameters (`CandidateSpace.candidates`, or
+    `from_study` of a trial's); a conditional axis is ignored for variants without it."""
     space = spec.space
     variant = params["variant"]
     n_layers = int(params["n_layers"])
     fields = base_arch(spec) | {"n_layers": n_layers, "variant": variant}
-    if variant == "block_attnres":
-        fields["block_size"] = int(params["block_size"])
+    for d in AXES:
+        if d.arch_field and d.name in params and (d.variants is None or variant in d.variants):
+            fields[d.name] = int(params[d.name]) if d.kind == "int" else params[d.name]
     if variant == "mhc_lite":
         fields["mhc_streams"] = space.arch.mhc_streams
     try:
@@ -107,35 +85,21 @@ def _total_params(arch: ArchConfig) -> int:
 
 
 def enumerate_candidates(spec: JobSpec, limit: int | None = None) -> Iterator[Candidate]:
-    """Every point of the (discrete) space; `block_size` only varies for block_attnres.
+    """Every point of the (discrete) space (`CandidateSpace.candidates`); a conditional axis
+    such as `block_size` only varies for its variants.
 
     With `limit`, a space of more candidates is refused (`SpecError` on "space") before
     anything is expanded; without one, call it on a spec `check_job` accepted."""
-    if limit is not None and space_size(spec) > limit:
+    space = CandidateSpace(spec)
+    if limit is not None and space.size() > limit:
         raise SpecError([("space", f"more than {limit} candidates; narrow the space")])
-    axes = space_axes(spec)
-    for variant in axes["variant"]:
-        names = [
-            n for n in axes if n != "variant" and (n != "block_size" or variant == "block_attnres")
-        ]
-        for combo in itertools.product(*(axes[n] for n in names)):
-            yield build_candidate(
-                spec, {"variant": variant, **dict(zip(names, combo, strict=True))}
-            )
+    for params in space.candidates():
+        yield build_candidate(spec, params)
 
 
 def space_size(spec: JobSpec) -> int:
     """The number of candidates, counted arithmetically (nothing is expanded)."""
-    space = spec.space
-    other = axis_count(space.n_layers)
-    if space.d_model is not None:
-        other *= axis_count(space.d_model)
-    if space.aspect_ratio is not None:
-        other *= len(space.aspect_ratio)
-    if space.n_heads is not None:
-        other *= axis_count(space.n_heads)
-    blocks = axis_count(space.block_sizes) if space.block_sizes is not None else 1
-    return sum(other * (blocks if v == "block_attnres" else 1) for v in space.variants)
+    return CandidateSpace(spec).size()
 
 
 def _fmt(value: float) -> str:

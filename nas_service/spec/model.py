@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     AfterValidator,
@@ -28,6 +28,7 @@ from cost_model import (
     Workload,
     get_hardware,
 )
+from workers.contract import Schedule
 
 LOSS = "val_loss"
 OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *METRICS)
@@ -304,6 +305,12 @@ class Budget(_Strict):
     def values(self) -> list[float]:
         return [float(v) for v in self.raw_values()]
 
+    def train_fields(self, value: float) -> dict[str, Any]:
+        """One of the budgets as `TrainSpec`'s fields (`budget_flops` or `budget_tokens`)."""
+        if self.kind == "flops":
+            return {"budget_flops": float(value)}
+        return {"budget_tokens": int(value)}
+
     def raw_values(self) -> list[int | float]:
         """The budgets as given (tokens stay ints, however large)."""
         raw = self.flops if self.flops is not None else self.tokens
@@ -327,16 +334,20 @@ class Constraint(_Strict):
 
 
 class Training(_Strict):
-    """How every candidate is trained (see `workers.train.TrainSpec`). seq_len, batch_size
-    and threads are bounded by the operator's limits (`check_job`); the corpus is a name
-    registered by the operator or a path inside the data folder (`resolve_corpus`)."""
+    """How every candidate is trained: `TrainSpec`'s fields of the same names (the service
+    builds it from `model_dump`), except `ARCH_FIELDS`, which go to the architecture
+    (`base_arch`). seq_len, batch_size and threads are bounded by the operator's limits
+    (`check_job`); the corpus is a name registered by the operator or a path inside the
+    data folder (`resolve_corpus`)."""
+
+    ARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({"vocab_size", "seq_len"})
 
     corpus: Text | None = Field(default=None, min_length=1, max_length=4096)  # None: built-in
     vocab_size: int = Field(default=256, ge=2, le=MAX_VOCAB)
     seq_len: int = Field(default=128, ge=2)
     batch_size: int = Field(default=16, ge=1)
     lr: float = Field(default=3e-3, gt=0, le=MAX_LR)
-    schedule: Literal["cosine", "wsd"] = "cosine"
+    schedule: Schedule = "cosine"
     warmup_frac: float = Field(default=0.05, ge=0, le=1)
     weight_decay: float = Field(default=0.1, ge=0, le=MAX_LR)
     n_evals: int = Field(default=8, ge=1, le=MAX_EVALS)
