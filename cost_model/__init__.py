@@ -5,9 +5,7 @@ Standard library and numpy only: no torch, ray, database or web imports (enforce
 """
 
 from cost_model._config import (
-    ATTNRES_VARIANTS,
     DTYPE_BYTES,
-    FULL_ATTNRES_FAMILY,
     MLP_KINDS,
     NORM_KINDS,
     POSITION_KINDS,
@@ -45,6 +43,7 @@ from cost_model.memory import (
 )
 from cost_model.params import ParamCount, param_count
 from cost_model.report import METRICS, CostReport, GridPrices, price, price_grid, price_many
+from cost_model.residuals import ATTNRES_VARIANTS, FULL_ATTNRES_FAMILY
 
 __all__ = [
     "ATTNRES_VARIANTS",
@@ -57,7 +56,6 @@ __all__ = [
     "PRESETS",
     "RECOMPUTE_MODES",
     "VARIANTS",
-    "Variant",
     "ActivationSettings",
     "ArchConfig",
     "ArchConfigError",
@@ -74,6 +72,7 @@ __all__ = [
     "ResidualIO",
     "ShapePoint",
     "TrainingMemory",
+    "Variant",
     "Workload",
     "decode_flops_per_token",
     "flops_for_tokens",

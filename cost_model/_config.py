@@ -19,6 +19,8 @@ from typing import Any, Literal, get_args
 
 import numpy as np
 
+from cost_model.residuals import BLOCK_SIZED, STREAMED, residual_of
+
 #: Every residual variant depthscope knows: the one vocabulary that the cost model
 #: (`cost_model.residuals`), the torch model (`workers.model.mixers`), the job spec and the API
 #: all use. The last three are the paper's Table 4 ablations of Full AttnRes.
@@ -33,13 +35,8 @@ Variant = Literal[
     "attnres_no_key_norm",
 ]
 VARIANTS: tuple[str, ...] = get_args(Variant)
-#: Variants with one softmax (or sigmoid) attention over depth per sublayer, source = every
-#: earlier sublayer output (N = L).
-FULL_ATTNRES_FAMILY: frozenset[str] = frozenset(
-    {"full_attnres", "attnres_input_query", "attnres_sigmoid", "attnres_no_key_norm"}
-)
-#: Variants with pseudo-queries and a final aggregation over all depth sources.
-ATTNRES_VARIANTS: frozenset[str] = FULL_ATTNRES_FAMILY | {"block_attnres"}
+# Each name's cost terms: `cost_model.residuals.RESIDUALS[name]`, which also derives the variant
+# sets (`FULL_ATTNRES_FAMILY`, `ATTNRES_VARIANTS`) from the implementations.
 
 MLP_KINDS: tuple[str, ...] = ("gelu", "swiglu")
 NORM_KINDS: tuple[str, ...] = ("rmsnorm", "layernorm")
@@ -47,7 +44,6 @@ POSITION_KINDS: tuple[str, ...] = ("rope", "learned")
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 DEFAULT_FF_RATIO: dict[str, float] = {"gelu": 4.0, "swiglu": 8.0 / 3.0}
-DEFAULT_MHC_STREAMS = 4  # the paper's mHC baseline is mHC-lite with n = 4
 
 
 class CostInputError(ValueError):
@@ -65,11 +61,6 @@ class CostInputError(ValueError):
 
 class ArchConfigError(CostInputError):
     """An invalid architecture."""
-
-
-def cdiv(a: Any, b: Any) -> Any:
-    """Ceiling division that works on ints and on numpy integer arrays."""
-    return -(-a // b)
 
 
 class _Derived:
@@ -108,13 +99,9 @@ class _Derived:
 
     @property
     def n_blocks(self) -> Any:
-        """N, the number of depth blocks: ceil(L/S) for Block AttnRes, L for the Full family,
-        0 for variants without depth attention."""
-        if self.variant == "block_attnres":
-            return cdiv(self.n_sublayers, self.block_size)
-        if self.variant in FULL_ATTNRES_FAMILY:
-            return self.n_sublayers
-        return 0 * self.n_layers
+        """N, the number of depth blocks, as the variant defines it (`Residual.n_blocks`):
+        ceil(L/S) for Block AttnRes, L for the Full family, 0 without depth attention."""
+        return residual_of(self).n_blocks(self)
 
     @property
     def dtype_bytes(self) -> int:
@@ -195,9 +182,10 @@ class ArchConfig(_Derived):
             raise ArchConfigError(
                 "n_heads", f"RoPE needs an even head dimension, got {self.head_dim}"
             )
-        if self.variant == "block_attnres":
+        residual = residual_of(self)
+        if residual.has_block_size:
             if self.block_size is None:
-                raise ArchConfigError("block_size", "block_attnres needs a block size S")
+                raise ArchConfigError("block_size", f"{self.variant} needs a block size S")
             if not 1 <= self.block_size <= self.n_sublayers:
                 raise ArchConfigError(
                     "block_size",
@@ -206,16 +194,19 @@ class ArchConfig(_Derived):
                 )
         elif self.block_size is not None:
             raise ArchConfigError(
-                "block_size", f"variant {self.variant!r} has no block size; only block_attnres"
+                "block_size",
+                f"variant {self.variant!r} has no block size; only {', '.join(BLOCK_SIZED)}",
             )
-        if self.mhc_streams is not None and self.variant != "mhc_lite":
+        if self.mhc_streams is not None and not residual.has_streams:
             raise ArchConfigError(
-                "mhc_streams", f"variant {self.variant!r} has no streams; only mhc_lite"
+                "mhc_streams",
+                f"variant {self.variant!r} has no streams; only {', '.join(STREAMED)}",
             )
-        if self.variant == "mhc_lite" and self.streams > 6:
-            # n! permutation matrices: 720 at n = 6 already; the paper uses n = 4.
+        if residual.has_streams and self.streams > residual.max_streams:
+            # n! permutation matrices (see `MHCLite.max_streams`); the paper uses n = 4.
             raise ArchConfigError(
-                "mhc_streams", f"at most 6 streams (n! permutations), got {self.streams}"
+                "mhc_streams",
+                f"at most {residual.max_streams} streams (n! permutations), got {self.streams}",
             )
 
     # -- resolved sizes -------------------------------------------------------------------
@@ -232,9 +223,12 @@ class ArchConfig(_Derived):
 
     @property
     def streams(self) -> int:
-        if self.variant != "mhc_lite":
+        """n, the residual streams: 1 unless the variant has streams (`Residual.has_streams`),
+        then `mhc_streams` or the variant's default."""
+        residual = residual_of(self)
+        if not residual.has_streams:
             return 1
-        return DEFAULT_MHC_STREAMS if self.mhc_streams is None else self.mhc_streams
+        return residual.default_streams if self.mhc_streams is None else self.mhc_streams
 
     @property
     def aspect_ratio(self) -> float:
@@ -393,7 +387,8 @@ class ArchGrid(_Derived):
                     "n_heads: RoPE needs an even head dimension",
                 )
             )
-        if self.variant == "block_attnres":
+        has_block_size = residual_of(self).has_block_size
+        if has_block_size:
             bad = (self.block_size < 1) | (self.block_size > 2 * self.n_layers)
             checks.append((bad, "block_size: must lie in [1, 2·n_layers] sublayers"))
         elif np.any(self.block_size != 0):
@@ -416,5 +411,5 @@ class ArchGrid(_Derived):
         ):
             arr = getattr(self, name)
             arr[arr < 1] = 1
-        if self.variant == "block_attnres":
+        if has_block_size:
             self.block_size[(self.block_size < 1)] = 1

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model._config import ATTNRES_VARIANTS, _Derived
+from cost_model._config import _Derived
 from cost_model._workload import Parallelism, Workload
-from cost_model.depth import sources_per_stage
 from cost_model.params import param_count
+from cost_model.residuals import residual_of
 
 GRADIENT_BYTES = 4  # fp32 gradients are all-reduced
 
@@ -62,25 +62,23 @@ def pipeline_bubble_fraction(stages: int, virtual: int, microbatches: int) -> fl
 def pipeline_comm(
     cfg: _Derived, parallel: Parallelism, workload: Workload | None = None
 ) -> PipelineComm:
-    """Stage-to-stage traffic for the residual wiring of `cfg`.
+    """Stage-to-stage traffic for the residual wiring of `cfg`, from what the variant hands
+    over (`Residual.pipeline_payload`).
 
-    Variants that attend over depth (AttnRes, DenseFormer's block outputs) send their depth
-    representations, naive or cached as in the module docstring. A standard residual sends one
-    hidden state per transition; mHC-lite its n streams; caching changes nothing for them.
+    Depth representations (AttnRes, DenseFormer's block outputs: N_p per chunk) are sent naive
+    or cached as in the module docstring. A carried state (a standard residual's hidden state,
+    mHC-lite's n streams) crosses every transition once; caching changes nothing for it.
     """
     workload = workload or Workload()
     p, v, c = parallel.pipeline, parallel.virtual, parallel.chunks
     d, e = cfg.d_model, cfg.dtype_bytes
-    if cfg.variant in ATTNRES_VARIANTS or cfg.variant == "denseformer":
-        per_chunk = sources_per_stage(cfg, c)
-        naive = pp_naive_elements(c, per_chunk)
-        cached = pp_cached_elements(p, v, per_chunk)
-        naive_peak = (c - 1) * per_chunk
-        cached_peak = (p if v > 1 else p - 1) * per_chunk
-    else:
-        state = cfg.streams  # 1 for the standard residual
-        naive = cached = (c - 1) * state + 0 * d
-        naive_peak = cached_peak = (state if c > 1 else 0) + 0 * d
+    per_chunk, state = residual_of(cfg).pipeline_payload(cfg, c)
+    handed_over = c - 1  # transitions, each carrying the state once
+    naive = pp_naive_elements(c, per_chunk) + handed_over * state
+    cached = pp_cached_elements(p, v, per_chunk) + handed_over * state
+    state_peak = state if c > 1 else 0 * state
+    naive_peak = (c - 1) * per_chunk + state_peak
+    cached_peak = (p if v > 1 else p - 1) * per_chunk + state_peak
     s = workload.seq_len or cfg.seq_len
     tokens_per_step = s * workload.micro_batch * workload.microbatches
     both_directions = 2  # activations forward, their gradients backward

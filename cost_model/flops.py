@@ -17,9 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cost_model._config import FULL_ATTNRES_FAMILY, _Derived
-from cost_model.depth import aggregation_sources, attended_sources_total
-from cost_model.params import mhc_coefficient_count
+from cost_model._config import _Derived
+from cost_model.residuals import residual_of
 
 BACKWARD_FACTOR = 2  # backward = 2 × forward for every matrix product
 
@@ -59,33 +58,16 @@ def attention_core_flops_per_token(cfg: _Derived, attended: Any) -> Any:
 
 
 def depth_mixing_flops_per_token(cfg: _Derived) -> Any:
-    """Forward FLOPs per token of the residual wiring.
+    """Forward FLOPs per token of the residual wiring, as the variant counts them
+    (`Residual.mixing_flops`, each with its formula):
 
-    - AttnRes (Full, Block, ablations): a sublayer over k sources costs 2·k·d for the logits
-      w_lᵀ·RMSNorm(v_i) and 2·k·d for the weighted sum: 4·d·Σk, with Σk = L(L+1)/2 for Full
-      (O(L²·d)) and O(L·N) for Block, plus the output aggregation over its L + 1 or N + 1
-      sources. The input-dependent query adds its d×d projection: 2·d² per sublayer.
-    - mHC-lite, n streams, k = 2n + n! coefficients: projection 2·n·d·k, H_pre read-out 2·n·d,
-      H_res mixing 2·n²·d, H_post write-back 2·n·d per sublayer; the n!·n² permutation mix is
-      per token too and included.
-    - DenseFormer: after block i, a weighted sum over i + 1 sources: Σ 2(i+1)·d = d·L_b(L_b+3).
+    - AttnRes (Full, Block, ablations): 4·d·Σk over the sources k each sublayer attends to,
+      plus the output aggregation (O(L²·d) for Full, O(L·N·d) for Block); the input-dependent
+      query adds its d×d projection, 2·d² per sublayer.
+    - mHC-lite: the coefficient projection, H_pre, H_res and H_post per sublayer.
+    - DenseFormer: the weighted sums after each block, d·L_b(L_b+3).
     """
-    d, sub, v = cfg.d_model, cfg.n_sublayers, cfg.variant
-    if v in FULL_ATTNRES_FAMILY or v == "block_attnres":
-        mixing = 4 * d * (attended_sources_total(cfg) + aggregation_sources(cfg))
-        if v == "attnres_input_query":
-            mixing = mixing + 2 * d * d * sub
-        return mixing
-    if v == "mhc_lite":
-        n = cfg.streams
-        k = mhc_coefficient_count(n)
-        per_sublayer = (
-            2 * n * d * k + 2 * n * d + 2 * n * n * d + 2 * n * d + (k - 2 * n) * n * n * 2
-        )
-        return per_sublayer * sub
-    if v == "denseformer":
-        return d * cfg.n_layers * (cfg.n_layers + 3)
-    return 0 * d
+    return residual_of(cfg).mixing_flops(cfg)
 
 
 def _mlp_flops_per_block(cfg: _Derived) -> Any:

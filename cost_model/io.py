@@ -5,8 +5,9 @@ sublayer's own computation. The paper's table is the special case L = 128, N = 8
 m = 4: standard 3d, mHC (8m+2)·d + 2m² + 4m = 34d + 48, Full AttnRes (two-phase) (S+N)·d =
 24d, Block AttnRes (two-phase) (N/S + 5)·d = 5.5d.
 
-Conventions (as the paper's): Full AttnRes reads each source twice, once as a key and once as a
-value; Block AttnRes reads it once (the two-phase kernel fuses both uses).
+Each variant counts its own (`Residual.sublayer_io` in `cost_model.residuals`). Conventions (as
+the paper's): Full AttnRes reads each source twice, once as a key and once as a value; Block
+AttnRes reads it once (the two-phase kernel fuses both uses).
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model._config import ATTNRES_VARIANTS, FULL_ATTNRES_FAMILY, _Derived, cdiv
-from cost_model.depth import attended_sources_total
+from cost_model._config import _Derived
+from cost_model.residuals import residual_of
+from cost_model.residuals.attnres import default_schedule_block
+
+__all__ = ["SCHEDULES", "ResidualIO", "default_schedule_block", "residual_io"]
 
 SCHEDULES: tuple[str, ...] = ("two_phase", "naive")
 
@@ -38,16 +42,11 @@ class ResidualIO:
         return self.elements * self.dtype_bytes
 
 
-def default_schedule_block(cfg: _Derived) -> Any:
-    """The two-phase schedule of Full AttnRes batches S sublayers at a time; by default the
-    paper's typical N = 8 blocks: S = ceil(L / 8)."""
-    return cdiv(cfg.n_sublayers, 8)
-
-
 def residual_io(
     cfg: _Derived, schedule: str = "two_phase", schedule_block: Any = None
 ) -> ResidualIO:
-    """Residual-path I/O per token per sublayer for the variant of `cfg`.
+    """Residual-path I/O per token per sublayer for the variant of `cfg`, as the variant counts
+    it (`Residual.sublayer_io`):
 
     - standard residual: read h and f(h), write h: 3d.
     - mHC with m streams (arXiv 2512.24880, counted as in Attention Residuals Table 1):
@@ -66,20 +65,5 @@ def residual_io(
     """
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule: unknown value {schedule!r}; expected one of {SCHEDULES}")
-    sub, v = cfg.n_sublayers, cfg.variant
-    zero = 0 * cfg.d_model
-    if v in ATTNRES_VARIANTS and schedule == "naive":
-        coeff = 2 * attended_sources_total(cfg) / sub + 3
-    elif v == "block_attnres":
-        coeff = cfg.n_blocks / cfg.block_size + 5
-    elif v in FULL_ATTNRES_FAMILY:
-        s = default_schedule_block(cfg) if schedule_block is None else schedule_block
-        coeff = s + cdiv(sub, s)
-    elif v == "mhc_lite":
-        m = cfg.streams
-        return ResidualIO(8 * m + 2 + zero, 2 * m * m + 4 * m + zero, cfg.d_model, cfg.dtype_bytes)
-    elif v == "denseformer":
-        coeff = 3 + (cfg.n_layers + 5) / 4
-    else:
-        coeff = 3 + zero
-    return ResidualIO(coeff, zero, cfg.d_model, cfg.dtype_bytes)
+    terms = residual_of(cfg).sublayer_io(cfg, schedule, schedule_block)
+    return ResidualIO(terms.d_multiple, terms.scalars, cfg.d_model, cfg.dtype_bytes)

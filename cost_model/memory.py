@@ -11,19 +11,14 @@ All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from cost_model._config import ATTNRES_VARIANTS, _Derived
+from cost_model._config import _Derived
 from cost_model._workload import Parallelism, Workload
-from cost_model.depth import (
-    aggregation_sources,
-    attended_sources_total,
-    cached_sources,
-    live_sources,
-)
-from cost_model.params import mhc_coefficient_count, param_count
+from cost_model.depth import cached_sources, live_sources
+from cost_model.params import param_count
+from cost_model.residuals import residual_of
 
 #: AdamW training with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (two moments)
 #: bytes per parameter (Rajbhandari et al. 2020, ZeRO, §3.1; the same 16 B under autocast).
@@ -163,51 +158,19 @@ def depth_mixing_activation_bytes(
     recompute: str = "none",
     act_bytes: int | None = None,
 ) -> Any:
-    """Bytes the residual wiring saves for backward, beyond what a standard residual saves.
+    """Bytes the residual wiring saves for backward, beyond what a standard residual saves, as
+    the variant counts them (`Residual.mixing_activation_bytes`, each with its terms):
 
-    - AttnRes: every distinct source (L + 1: the embedding and L sublayer outputs for Full; the
-      embedding and the L running block sums b_n^i for Block) is kept with its fp32 key scale
-      1/rms (the key is the source times that scale and is never stored). With static queries
-      the sources that stay (Full: all L + 1; Block: the embedding and the N blocks) live on a
-      depth stack that keeps one fp32 weight per (use, stack source) — the L + 1 uses
-      (sublayers and aggregation) times the stack's L + 1 or N + 1 sources — and Block's
-      running partial, a source of one sublayer only, keeps its fp32 logit (its weight sits
-      among the stack's, in the column of the block it will become).
-      The input-dependent query keeps per use its fp32 logits and weights, the normalised
-      newest state, the projected query and the query after the key gain (3·e·d per sublayer,
-      plus a 1/rms). Without key norms no scales are kept. With full recomputation only the
-      values (the checkpoint inputs) stay.
-    - mHC-lite, per sublayer: the n·d stream state (its normalisation is a per-token scalar
-      folded into the coefficient product, so no normalised copy is kept), the sublayer output
-      for the H_post outer product, and per token the small coefficient tensors: the k
-      coefficients, H_pre, σ(post) and H_post (n each), the n! permutation weights, H_res (n²)
-      and the 1/rms of the state: k + 3n + n! + n² + 1 values.
+    - AttnRes: the L + 1 distinct sources with their fp32 key scales, the depth stack's fp32
+      weights per (use, source) and Block's partials' logits (the input-dependent query: per
+      use its logits and weights, plus 3·e·d + a 1/rms per sublayer); with full recomputation
+      only the values (the checkpoint inputs) stay.
+    - mHC-lite, per sublayer: the n·d stream state, the sublayer output and
+      k + 3n + n! + n² + 1 fp32 coefficient values per token.
     - DenseFormer: every block output before its weighted average (e·d per block).
     """
     e = act_bytes or cfg.dtype_bytes
-    sb = seq_len * micro_batch
-    d, v = cfg.d_model, cfg.variant
-    if v in ATTNRES_VARIANTS:
-        n_values = cfg.n_sublayers + 1
-        if recompute == "full":
-            return e * n_values * d * sb
-        keys = 0 if v == "attnres_no_key_norm" else n_values * FP32
-        if v == "attnres_input_query":
-            weights = 2 * FP32 * (attended_sources_total(cfg) + aggregation_sources(cfg))
-            query = (3 * e * d + FP32) * cfg.n_sublayers
-        else:
-            partial_uses = cfg.n_sublayers - cfg.n_blocks if v == "block_attnres" else 0
-            weights = FP32 * (n_values * aggregation_sources(cfg) + partial_uses)
-            query = 0
-        return (e * n_values * d + keys + weights + query) * sb
-    if v == "mhc_lite":
-        n = cfg.streams
-        small = mhc_coefficient_count(n) + 3 * n + math.factorial(n) + n * n + 1
-        per_sublayer = e * (n * d + d) + FP32 * small
-        return per_sublayer * cfg.n_sublayers * sb
-    if v == "denseformer":
-        return e * d * cfg.n_layers * sb
-    return 0 * d
+    return residual_of(cfg).mixing_activation_bytes(cfg, seq_len * micro_batch, e, recompute)
 
 
 def head_activation_bytes(

@@ -7,11 +7,11 @@ All functions accept an `ArchConfig` (ints) or an `ArchGrid` (int64 arrays).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cost_model._config import ATTNRES_VARIANTS, _Derived
+from cost_model._config import _Derived
+from cost_model.residuals import residual_of
 
 
 @dataclass(frozen=True)
@@ -67,51 +67,19 @@ def mlp_params_per_block(cfg: _Derived) -> Any:
     return 2 * d * f + ((f + d) if cfg.bias else 0)
 
 
-def mhc_coefficient_count(streams: int) -> int:
-    """Dynamic coefficients per sublayer of mHC-lite (arXiv 2601.05732): H_pre (n), H_post (n)
-    and one logit per permutation matrix (n!) for H_res."""
-    return 2 * streams + math.factorial(streams)
-
-
 def depth_mixing_params(cfg: _Derived) -> Any:
-    """Parameters of the residual wiring inside the stack (the final aggregation excluded).
-
-    - baseline: none.
-    - Full / Block AttnRes and the sigmoid ablation: per sublayer a pseudo-query w_l ∈ R^d and
-      the gain of the RMSNorm on the keys: 2·d·L (Attention Residuals §3).
-    - no-key-norm ablation: d·L.
-    - input-dependent query ablation: the static w_l, the key norm and a d×d projection of the
-      current state per sublayer: (d² + 2d)·L (Table 4).
-    - mHC-lite: per sublayer a zero-initialised projection of the flattened, parameter-free
-      RMS-normalised stream state (n·d) onto the 2n + n! coefficients, their biases, and three
-      learned gate scalars α_pre, α_post, α_res: n·d·(2n+n!) + (2n+n!) + 3.
-    - DenseFormer (arXiv 2402.02622): after block i (1-based) one weight per source, i + 1
-      (embedding and i block outputs): Σ_{i=1}^{L_b} (i+1) = L_b·(L_b+3)/2.
-    """
-    d, sub = cfg.d_model, cfg.n_sublayers
-    v = cfg.variant
-    if v in ("full_attnres", "block_attnres", "attnres_sigmoid"):
-        return 2 * d * sub
-    if v == "attnres_no_key_norm":
-        return d * sub
-    if v == "attnres_input_query":
-        return (d * d + 2 * d) * sub
-    if v == "mhc_lite":
-        k = mhc_coefficient_count(cfg.streams)
-        return (cfg.streams * d * k + k + 3) * sub
-    if v == "denseformer":
-        return cfg.n_layers * (cfg.n_layers + 3) // 2
-    return 0 * d
+    """Parameters of the residual wiring inside the stack (the final aggregation excluded), as
+    the variant counts them (`Residual.mixing_params`): none for the baseline; 2·d·L for Full
+    and Block AttnRes (a pseudo-query and a key-norm gain per sublayer); mHC-lite's
+    coefficient projections; DenseFormer's L_b·(L_b+3)/2 weights."""
+    return residual_of(cfg).mixing_params(cfg)
 
 
 def depth_aggregation_params(cfg: _Derived) -> Any:
     """AttnRes output aggregation: one more zero-initialised pseudo-query (with its key RMSNorm
-    gain unless the variant drops key norms) over all sources before the final norm."""
-    if cfg.variant not in ATTNRES_VARIANTS:
-        return 0 * cfg.d_model
-    if cfg.variant == "attnres_no_key_norm":
-        return cfg.d_model
-    return 2 * cfg.d_model
+    gain unless the variant drops key norms) over all sources before the final norm; 0 for
+    variants without one (`Residual.aggregation_params`)."""
+    return residual_of(cfg).aggregation_params(cfg)
 
 
 def param_count(cfg: _Derived) -> ParamCount:

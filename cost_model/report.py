@@ -27,6 +27,7 @@ from cost_model.hardware import Hardware, RooflineTime, get_hardware
 from cost_model.io import ResidualIO, residual_io
 from cost_model.memory import InferenceMemory, TrainingMemory, inference_memory, training_memory
 from cost_model.params import ParamCount, param_count
+from cost_model.residuals import residual_of
 from cost_model.timing import decode_token_time, train_step_time
 
 #: Every metric a report flattens to: name → (unit, meaning). All are minimised by a search.
@@ -235,7 +236,7 @@ def price_many(
         axes = {name: np.array([getattr(c, name) for c in members]) for name in _NUMERIC}
         axes["d_ff"] = np.array([c.ffn_dim for c in members])
         axes["n_kv_heads"] = np.array([c.kv_heads for c in members])
-        if first.variant == "block_attnres":
+        if residual_of(first).has_block_size:
             axes["block_size"] = np.array([c.block_size for c in members])
         prices = price_grid(first, workload, parallel, hardware, **axes)
         for name, values in prices.metrics.items():
