@@ -120,3 +120,23 @@ def test_io_general_formulas() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_has_io_at_least_standard(variant: str) -> None:
     assert residual_io(paper_cfg(variant)).d_multiple >= 3
+
+
+def test_pipeline_streams_and_dense_block_outputs() -> None:
+    """mHC-lite carries its n streams across every transition (caching changes nothing);
+    DenseFormer sends its block outputs like AttnRes's depth representations."""
+    par = Parallelism(pipeline=4, virtual=2)  # C = 8 chunks
+    d, e = 512, 4
+    mhc = pipeline_comm(CFG.replace(variant="mhc_lite", block_size=None, mhc_streams=3), par)
+    assert mhc.naive_bytes_per_token == mhc.cached_bytes_per_token == 7 * 3 * d * e
+    assert mhc.naive_peak_bytes_per_token == mhc.cached_peak_bytes_per_token == 3 * d * e
+    dense = pipeline_comm(CFG.replace(variant="denseformer", block_size=None), par)
+    n_p = 32 / 8  # L_b block outputs over C chunks
+    assert dense.naive_bytes_per_token == sum(simulate(4, 2, 4, False)) * d * e
+    assert dense.cached_bytes_per_token == sum(simulate(4, 2, 4, True)) * d * e
+    assert dense.cached_peak_bytes_per_token == 4 * n_p * d * e
+    for variant in VARIANTS:  # one chunk: nothing crosses
+        cfg = paper_cfg(variant)
+        alone = pipeline_comm(cfg, Parallelism())
+        assert alone.naive_bytes_per_token == alone.cached_bytes_per_token == 0, variant
+        assert alone.naive_peak_bytes_per_token == alone.cached_peak_bytes_per_token == 0
