@@ -1,8 +1,6 @@
-"""The `depthscope` command line.
-
-Subcommands import what they need when they run, so that `depthscope cost` never imports
-torch, Ray or the database layer.
-"""
+"""`depthscope` commands that run here: `cost` (the cost model only), `train` (one candidate,
+torch), `db` (the schema), `runner` and `serve`. Each command imports what it needs when it
+runs, so that `depthscope cost` never imports torch, Ray or the database layer."""
 
 from __future__ import annotations
 
@@ -10,58 +8,9 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Sequence
 from typing import Any
 
-
-def _add_arch_args(p: argparse.ArgumentParser, many_variants: bool) -> None:
-    arch = p.add_argument_group("architecture")
-    arch.add_argument("--n-layers", type=int, required=True, help="Transformer blocks L_b")
-    arch.add_argument("--d-model", type=int, required=True)
-    arch.add_argument("--n-heads", type=int, required=True)
-    arch.add_argument("--n-kv-heads", type=int)
-    arch.add_argument("--vocab-size", type=int, default=256)
-    arch.add_argument("--seq-len", type=int, default=256)
-    arch.add_argument("--d-ff", type=int)
-    arch.add_argument("--ff-ratio", type=float)
-    arch.add_argument("--mlp", default="gelu")
-    arch.add_argument("--norm", default="rmsnorm")
-    arch.add_argument("--positions", default="rope")
-    arch.add_argument("--bias", action="store_true", help="biases in linear layers and norms")
-    arch.add_argument("--untied", action="store_true", help="an LM head of its own")
-    arch.add_argument(
-        "--variant",
-        default="baseline",
-        help="residual variant"
-        + (", or a comma-separated list to compare side by side" if many_variants else ""),
-    )
-    arch.add_argument("--block-size", type=int, help="S in sublayers (block_attnres)")
-    arch.add_argument("--mhc-streams", type=int, help="n streams (mhc_lite)")
-    arch.add_argument("--dtype", default="float32")
-
-
-def _arch_from_args(args: argparse.Namespace, variant: str) -> Any:
-    from cost_model import ArchConfig
-
-    return ArchConfig(
-        n_layers=args.n_layers,
-        d_model=args.d_model,
-        n_heads=args.n_heads,
-        n_kv_heads=args.n_kv_heads,
-        vocab_size=args.vocab_size,
-        seq_len=args.seq_len,
-        d_ff=args.d_ff,
-        ff_ratio=args.ff_ratio,
-        mlp=args.mlp,
-        norm=args.norm,
-        positions=args.positions,
-        bias=args.bias,
-        tie_embeddings=not args.untied,
-        variant=variant,
-        block_size=args.block_size if variant == "block_attnres" else None,
-        mhc_streams=args.mhc_streams if variant == "mhc_lite" else None,
-        dtype=args.dtype,
-    )
+from nas_service.cli.arch import add_arch_args, arch_values
 
 
 def _add_cost_parser(sub: Any) -> None:
@@ -71,7 +20,7 @@ def _add_cost_parser(sub: Any) -> None:
         description="Price one architecture, or compare residual variants side by side "
         "(--variant a,b,c), with the analytic cost model.",
     )
-    _add_arch_args(p, many_variants=True)
+    add_arch_args(p, many_variants=True)
     work = p.add_argument_group("workload")
     work.add_argument("--micro-batch", type=int, default=8)
     work.add_argument("--microbatches", type=int, default=1)
@@ -112,13 +61,16 @@ def _human(value: float, unit: str) -> str:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from cost_model import METRICS, CostInputError, Parallelism, Workload, price
+    from cost_model import METRICS, ArchConfig, CostInputError, Parallelism, Workload, price
 
-    variants = [v.strip() for v in args.variant.split(",") if v.strip()]
     try:
+        fields = arch_values(args)
+        variants = [v.strip() for v in str(fields["variant"]).split(",") if v.strip()]
+        if not variants:
+            raise CostInputError("variant", "give at least one")
         workload = Workload(
             micro_batch=args.micro_batch,
-            seq_len=args.seq_len,
+            seq_len=fields["seq_len"],
             microbatches=args.microbatches,
             recompute=args.recompute,
             prefill_tokens=args.prefill_tokens,
@@ -133,19 +85,19 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             data=args.dp,
             sequence_parallel=args.sequence_parallel,
         )
-        if args.block_size is not None and "block_attnres" not in variants:
+        # side by side, the block size and the streams go to the variants that have them
+        owners = {"block_size": "block_attnres", "mhc_streams": "mhc_lite"}
+        if fields["block_size"] is not None and "block_attnres" not in variants:
             raise CostInputError("block_size", "only block_attnres has a block size")
-        if args.mhc_streams is not None and "mhc_lite" not in variants:
+        if fields["mhc_streams"] is not None and "mhc_lite" not in variants:
             raise CostInputError("mhc_streams", "only mhc_lite has streams")
         reports = {}
         for variant in variants:
-            cfg = _arch_from_args(args, variant)
+            own = {k: fields[k] if owner == variant else None for k, owner in owners.items()}
+            cfg = ArchConfig(**(fields | own | {"variant": variant}))
             reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
     except CostInputError as exc:
         print(f"depthscope cost: error: {exc}", file=sys.stderr)
-        return 2
-    if not variants:
-        print("depthscope cost: error: variant: give at least one", file=sys.stderr)
         return 2
 
     if args.json:
@@ -179,7 +131,7 @@ def _add_train_parser(sub: Any) -> None:
         description="Train one architecture for exactly its budget (FLOPs or tokens) and "
         "print the result. Progress goes to stderr.",
     )
-    _add_arch_args(p, many_variants=False)
+    add_arch_args(p, many_variants=False)
     run = p.add_argument_group("training")
     budget = run.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=float, help="training FLOPs budget (e.g. 3e13)")
@@ -202,13 +154,20 @@ def _add_train_parser(sub: Any) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from cost_model import CostInputError
+    from cost_model import ArchConfig, CostInputError
+
+    try:
+        arch = ArchConfig(**arch_values(args))  # before torch loads: a bad flag fails fast
+    except CostInputError as exc:
+        print(f"depthscope train: error: {exc}", file=sys.stderr)
+        return 2
+    from workers.contract import TrainSpec
     from workers.data import CorpusError
-    from workers.train import TrainSpec, train
+    from workers.train import train
 
     try:
         spec = TrainSpec(
-            arch=_arch_from_args(args, args.variant),
+            arch=arch,
             budget_flops=args.flops,
             budget_tokens=args.tokens,
             batch_size=args.batch_size,
@@ -226,7 +185,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
         bar = None
         if not args.quiet:
-            from tqdm import tqdm
+            from tqdm import tqdm  # type: ignore[import-untyped]
 
             bar = tqdm(total=spec.planned_steps(), unit="step", file=sys.stderr, leave=True)
 
@@ -324,104 +283,13 @@ def _cmd_runner(args: argparse.Namespace) -> int:
     return runner_main(list(args.args))
 
 
-# -- the service and its HTTP client ----------------------------------------------------------
-DEFAULT_URL = "http://127.0.0.1:8000"
-
-
-def _add_client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", help=f"the service (default: DEPTHSCOPE_URL or {DEFAULT_URL})")
-
-
-class CliError(Exception):
-    pass
-
-
-def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    """One HTTP call; the token comes from DEPTHSCOPE_API_TOKEN. Errors become CliError
-    with the service's message."""
-    import os
-
-    import httpx
-
-    url = args.url or os.environ.get("DEPTHSCOPE_URL") or DEFAULT_URL
-    headers = {}
-    token = os.environ.get("DEPTHSCOPE_API_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    try:
-        response = httpx.request(
-            method, url.rstrip("/") + path, headers=headers, timeout=120, **kwargs
-        )
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the service at {url}: {exc}") from None
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
-        raise CliError(f"{response.status_code}: {message}")
-    if response.headers.get("content-type", "").startswith("image/"):
-        return response.content
-    return response.json()
-
-
-def _client_command(func: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            result: int = func(args)
-            return result
-        except CliError as exc:
-            print(f"depthscope {args.command}: error: {exc}", file=sys.stderr)
-            return 1
-
-    return run
-
-
-def _add_service_parsers(sub: Any) -> None:
+def _add_serve_parser(sub: Any) -> None:
     p = sub.add_parser("serve", help="run the HTTP API (and the local runner)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--database-url", help="default: DEPTHSCOPE_DATABASE_URL")
     p.add_argument("--no-runner", action="store_true", help="serve the API only")
     p.set_defaults(func=_cmd_serve)
-
-    p = sub.add_parser("submit", help="submit a job spec (YAML)")
-    p.add_argument("spec", help="a YAML job spec, e.g. examples/quick.yaml")
-    p.add_argument("--wait", action="store_true", help="follow the job to its end")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_submit))
-
-    p = sub.add_parser("status", help="list jobs, or show one")
-    p.add_argument("job", nargs="?")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_status))
-
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_cancel))
-
-    p = sub.add_parser("trials", help="a job's trials")
-    p.add_argument("job")
-    p.add_argument("--state")
-    p.add_argument("--variant")
-    p.add_argument("--limit", type=int, default=100)
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_trials))
-
-    p = sub.add_parser("pareto", help="the Pareto front over two or more metrics")
-    p.add_argument("job")
-    p.add_argument("--metrics", default="val_loss,train_memory_bytes")
-    p.add_argument("--variant")
-    p.add_argument("--plot", help="write a PNG of the first two metrics here")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_pareto))
-
-    p = sub.add_parser("optimum", help="the loss-optimal d_model/L per variant")
-    p.add_argument("job")
-    p.add_argument("--plot", help="write a PNG of loss versus d_model/L here")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_optimum))
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -440,173 +308,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_spec(path: str) -> dict[str, Any]:
-    """The spec file's mapping, read as the service reads one (`spec.read_spec_data`: a size
-    cap, no YAML anchors or aliases); a refusal is a `CliError` naming the reason."""
-    from nas_service.spec import SpecError, read_spec_data
-
-    try:
-        return read_spec_data(path)
-    except SpecError as exc:
-        raise CliError(str(exc)) from None
-
-
-def _cmd_submit(args: argparse.Namespace) -> int:
-    data = _read_spec(args.spec)
-    job = _request(args, "POST", "/v1/jobs", json=data)
-    print(f"submitted job {job['id']} ({job['name']}, {job['n_trials']} trials)")
-    if args.wait:
-        job = _follow(args, job["id"])
-        print(f"job {job['id']}: {job['status']}")
-        return 0 if job["status"] == "completed" else 1
-    return 0
-
-
-def _follow(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
-    import time
-
-    from tqdm import tqdm
-
-    job = _request(args, "GET", f"/v1/jobs/{job_id}")
-    bar = tqdm(total=job["n_trials"], unit="trial", file=sys.stderr)
-    while True:
-        job = _request(args, "GET", f"/v1/jobs/{job_id}")
-        _request(args, "GET", "/v1/health")  # a dead runner shows here (503), not as a hang
-        p, c = job["progress"], job["compute"]
-        bar.n = p["counted"]
-        bar.set_postfix(
-            running=p["running"], pruned=p["pruned"], compute=f"{c['fraction']:.0%}", refresh=False
-        )
-        bar.refresh()
-        if job["status"] not in ("pending", "running"):
-            bar.close()
-            return dict(job)
-        time.sleep(2)
-
-
-def _cmd_status(args: argparse.Namespace) -> int:
-    if args.job:
-        job = _request(args, "GET", f"/v1/jobs/{args.job}")
-        p, c = job["progress"], job["compute"]
-        eta = f"{job['eta_s']:.0f}s" if job["eta_s"] is not None else "-"
-        print(f"{job['id']}  {job['name']}  {job['status']}")
-        print(
-            f"trials {p['counted']}/{job['n_trials']} (completed {p['completed']}, running "
-            f"{p['running']}, pruned {p['pruned']}, infeasible {p['infeasible']}, failed "
-            f"{p['failed']}, diverged {p['diverged']})"
-        )
-        print(
-            f"compute {c['spent']:.3g} of {c['budget']:.3g} {c['kind']} "
-            f"({c['fraction']:.0%}), ETA {eta}"
-        )
-        return 0
-    jobs = _request(args, "GET", "/v1/jobs")
-    print(f"{'id':36}  {'status':10} {'trials':>9}  name")
-    for job in jobs["items"]:
-        trials = f"{job['progress']['counted']}/{job['n_trials']}"
-        print(f"{job['id']:36}  {job['status']:10} {trials:>9}  {job['name']}")
-    return 0
-
-
-def _cmd_cancel(args: argparse.Namespace) -> int:
-    job = _request(args, "POST", f"/v1/jobs/{args.job}/cancel")
-    print(f"job {job['id']}: {job['status']}")
-    return 0
-
-
-def _trial_line(t: dict[str, Any], metrics: Sequence[str]) -> str:
-    arch = t.get("arch") or {}
-    shape = f"L_b={arch.get('n_layers', '?')} d={arch.get('d_model', '?')}"
-    if arch.get("block_size"):
-        shape += f" S={arch['block_size']}"
-    values = "  ".join(
-        f"{m}={t['metrics'][m]:.4g}" if isinstance(t["metrics"].get(m), int | float) else f"{m}=-"
-        for m in metrics
-    )
-    return f"{t['number']:>5}  {t['state']:9} {t['variant']:20} {shape:22} {values}"
-
-
-def _cmd_trials(args: argparse.Namespace) -> int:
-    params = {"limit": args.limit}
-    if args.state:
-        params["state"] = args.state
-    if args.variant:
-        params["variant"] = args.variant
-    page = _request(args, "GET", f"/v1/jobs/{args.job}/trials", params=params)
-    for t in page["items"]:
-        line = _trial_line(t, ["val_loss", "params"])
-        print(line + (f"  ({t['outcome']}: {t['reason']})" if t["reason"] else ""))
-    print(f"{len(page['items'])} of {page['total']} trials")
-    return 0
-
-
-def _cmd_pareto(args: argparse.Namespace) -> int:
-    params = {"metrics": args.metrics}
-    if args.variant:
-        params["variant"] = args.variant
-    out = _request(args, "GET", f"/v1/jobs/{args.job}/pareto", params=params)
-    print(
-        f"Pareto front over {', '.join(out['metrics'])}: "
-        f"{len(out['front'])} of {out['n_candidates']} trials"
-    )
-    for t in out["front"]:
-        print(_trial_line(t, out["metrics"]))
-    if args.plot:
-        png = _request(args, "GET", f"/v1/jobs/{args.job}/plots/pareto.png", params=params)
-        with open(args.plot, "wb") as f:
-            f.write(png)
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def _cmd_optimum(args: argparse.Namespace) -> int:
-    out = _request(args, "GET", f"/v1/jobs/{args.job}/optimum")
-    print("loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% bootstrap):")
-    for f in out["fits"]:
-        name = f["variant"] + (
-            f" @ {f['budget']:.3g}" if f.get("budget") and len(out["fits"]) > 1 else ""
-        )
-        best = f.get("best_observed") or {}
-        if f["optimum_ratio"] is not None:
-            ci = f" [{f['ci_low']:.3g}, {f['ci_high']:.3g}]" if f["ci_low"] is not None else ""
-            head = f"{name:24} d_model/L_b ≈ {f['optimum_ratio']:.3g}{ci}"
-        else:
-            head = f"{name:24} no optimum"
-        print(
-            f"{head}  ({f['verdict']}; {f['n_shapes']} shapes, {f['n_trials']} trials; "
-            f"best observed {best.get('val_loss', float('nan')):.4f} "
-            f"at L_b={best.get('n_layers')}, d={best.get('d_model')})"
-        )
-        if f["message"]:
-            print(f"{'':24} {f['message']}")
-    if args.plot:
-        png = _request(args, "GET", f"/v1/jobs/{args.job}/plots/optimum.png")
-        with open(args.plot, "wb") as fh:
-            fh.write(png)
-        print(f"wrote {args.plot}")
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="depthscope",
-        description="Architecture search and cost modelling for Transformer residual connections.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_parsers(sub: Any) -> None:
     _add_cost_parser(sub)
     _add_train_parser(sub)
     _add_db_parser(sub)
     _add_runner_parser(sub)
-    _add_service_parsers(sub)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    result: int = args.func(args)
-    return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    _add_serve_parser(sub)

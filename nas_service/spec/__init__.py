@@ -32,6 +32,7 @@ from nas_service.spec.files import (
     load_spec,
     load_yaml_text,
     read_spec_data,
+    read_yaml_mapping,
 )
 from nas_service.spec.model import (
     LOSS,
@@ -121,6 +122,7 @@ __all__ = [
     "load_yaml_text",
     "parse_spec",
     "read_spec_data",
+    "read_yaml_mapping",
     "resolve_corpus",
     "space_size",
 ]

@@ -57,52 +57,58 @@ _SpecLoader.add_implicit_resolver(
 )
 
 
-def load_yaml_text(text: str, source: str = "spec") -> Any:
+def load_yaml_text(text: str, source: str = "spec", field: str = "spec") -> Any:
     """Parse a YAML (or JSON) document from a stranger: at most `MAX_SPEC_BYTES` (refused
     before parsing), no anchors or aliases, at most `MAX_YAML_DEPTH` levels deep, safe tags
-    only. `source` names the text in messages. Raises `SpecError` on field "spec"."""
+    only. `source` names the text in messages. Raises `SpecError` on `field`."""
     size = len(text) if len(text) > MAX_SPEC_BYTES else len(text.encode("utf-8", "replace"))
     if size > MAX_SPEC_BYTES:
         raise SpecError(
-            [("spec", f"{source} is over the limit of {MAX_SPEC_BYTES} bytes for a spec")]
+            [(field, f"{source} is over the limit of {MAX_SPEC_BYTES} bytes for a {field} file")]
         )
     loader = _SpecLoader(text)
     try:
         return loader.get_single_data()
     except _Refused as exc:
-        raise SpecError([("spec", exc.reason)]) from None
+        raise SpecError([(field, exc.reason)]) from None
     except yaml.YAMLError as exc:
-        raise SpecError([("spec", f"{source} is not valid YAML: {exc}")]) from None
+        raise SpecError([(field, f"{source} is not valid YAML: {exc}")]) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
-        raise SpecError([("spec", f"{source} is not a usable spec: {exc}")]) from None
+        raise SpecError([(field, f"{source} is not a usable {field} file: {exc}")]) from None
     finally:
         loader.dispose()
 
 
-def read_spec_data(path: str | Path) -> dict[str, Any]:
-    """The mapping of a YAML (or JSON) spec file, read with `load_yaml_text`'s bounds (no
-    more than `MAX_SPEC_BYTES` + 1 bytes are read). Raises `SpecError` on field "spec"."""
+def read_yaml_mapping(path: str | Path, field: str = "spec") -> dict[str, Any]:
+    """The mapping of a YAML (or JSON) file from a stranger, read with `load_yaml_text`'s
+    bounds (no more than `MAX_SPEC_BYTES` + 1 bytes are read). Raises `SpecError` on
+    `field` (a job spec's "spec", the CLI's architecture file's "arch")."""
     p = Path(path)
     shown = repr(str(p))
     try:
         with open(p, "rb") as f:
             raw = f.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError([("spec", f"file {shown} does not exist")]) from None
+        raise SpecError([(field, f"file {shown} does not exist")]) from None
     except OSError as exc:
-        raise SpecError([("spec", f"cannot read {shown}: {exc.strerror or exc}")]) from None
+        raise SpecError([(field, f"cannot read {shown}: {exc.strerror or exc}")]) from None
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecError(
-            [("spec", f"{shown} is over the limit of {MAX_SPEC_BYTES} bytes for a spec")]
+            [(field, f"{shown} is over the limit of {MAX_SPEC_BYTES} bytes for a {field} file")]
         )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise SpecError([("spec", f"cannot read {shown}: {exc}")]) from None
-    data = load_yaml_text(text, shown)
+        raise SpecError([(field, f"cannot read {shown}: {exc}")]) from None
+    data = load_yaml_text(text, shown, field)
     if not isinstance(data, dict):
-        raise SpecError([("spec", f"{shown} must hold a mapping of fields")])
+        raise SpecError([(field, f"{shown} must hold a mapping of fields")])
     return data
+
+
+def read_spec_data(path: str | Path) -> dict[str, Any]:
+    """The mapping of a YAML (or JSON) job spec file (`read_yaml_mapping`, field "spec")."""
+    return read_yaml_mapping(path, "spec")
 
 
 def load_spec(path: str | Path) -> JobSpec:

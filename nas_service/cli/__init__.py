@@ -1,0 +1,85 @@
+"""The `depthscope` command line: `main` and its parser, and the one HTTP transport of the
+client commands (`_request`).
+
+- `arch`: the architecture flags, one per `cost_model.ArchConfig` field, and `--arch FILE`;
+- `local`: `cost`, `train`, `db`, `runner`, `serve`;
+- `client`: `submit [--wait]`, `status`, `cancel`, `trials`, `pareto`, `optimum`.
+
+Importing this package imports nothing but the standard library; the subcommands' modules
+load when the parser is built, and each command imports what it needs when it runs, so that
+`depthscope cost` never imports torch, Ray or the database layer.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+class CliError(Exception):
+    """A client command's failure, with the service's message."""
+
+
+def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
+    """One HTTP call to the service (`--url`, else DEPTHSCOPE_URL, else `DEFAULT_URL`); the
+    token comes from DEPTHSCOPE_API_TOKEN. Errors become `CliError` with the service's
+    message. Every client command sends through this function."""
+    import os
+
+    import httpx
+
+    url = args.url or os.environ.get("DEPTHSCOPE_URL") or DEFAULT_URL
+    headers = {}
+    token = os.environ.get("DEPTHSCOPE_API_TOKEN")
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    try:
+        response = httpx.request(
+            method, url.rstrip("/") + path, headers=headers, timeout=120, **kwargs
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the service at {url}: {exc}") from None
+    if response.status_code >= 400:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        raise CliError(f"{response.status_code}: {message}")
+    if response.headers.get("content-type", "").startswith("image/"):
+        return response.content
+    return response.json()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nas_service.cli import client, local
+
+    parser = argparse.ArgumentParser(
+        prog="depthscope",
+        description="Architecture search and cost modelling for Transformer residual connections.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    local.add_parsers(sub)
+    client.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    result: int = args.func(args)
+    return result
+
+
+def __getattr__(name: str) -> Any:
+    """The client's commands (`_cmd_submit`, `_follow`, …) as attributes of the package,
+    imported when first asked for."""
+    if name.startswith("_cmd_") or name == "_follow":
+        from nas_service.cli import client, local
+
+        for module in (client, local):
+            if hasattr(module, name):
+                return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
