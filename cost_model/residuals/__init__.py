@@ -3,12 +3,17 @@ that prices its own wiring (sources, mixing parameters, FLOPs, saved activations
 pipeline payload). `params`, `flops`, `memory`, `io`, `comm` and `depth` keep the Transformer
 terms and ask `residual_of(cfg)` for the variant's.
 
-A new variant: a `Residual` subclass in a module here, its instance in `RESIDUALS`, its name in
-`cost_model._config.Variant` (`tests/cost_model/test_residuals.py` checks the two agree).
+A new variant: a module here with a concrete `Residual` subclass that sets `name`, and that
+name in `cost_model._config.Variant`. `RESIDUALS` finds every concrete subclass in this
+package's modules; `tests/cost_model/test_residuals.py` checks that it covers exactly the
+Literal's names.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import pkgutil
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -29,22 +34,30 @@ from cost_model.residuals.mhc import MHCLite
 if TYPE_CHECKING:
     from cost_model._config import _Derived
 
+
+def _discover() -> dict[str, Residual]:
+    """One instance of every concrete `Residual` subclass defined in this package's modules,
+    by its `name`. A concrete subclass must set its own `name`, and no two may share one."""
+    for module in pkgutil.iter_modules(__path__):
+        if not module.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{module.name}")
+    found: dict[str, Residual] = {}
+    pending = Residual.__subclasses__()
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        if inspect.isabstract(cls) or not cls.__module__.startswith(f"{__name__}."):
+            continue
+        if "name" not in vars(cls):
+            raise TypeError(f"{cls.__qualname__} is a concrete Residual without its own name")
+        if cls.name in found:
+            raise TypeError(f"two residuals are named {cls.name!r}")
+        found[cls.name] = cls()
+    return dict(sorted(found.items()))
+
+
 #: Every variant's implementation, by its name in `cost_model._config.Variant`.
-RESIDUALS: Mapping[str, Residual] = MappingProxyType(
-    {
-        r.name: r
-        for r in (
-            Baseline(),
-            FullAttnRes(),
-            BlockAttnRes(),
-            MHCLite(),
-            DenseFormer(),
-            InputQueryAttnRes(),
-            SigmoidAttnRes(),
-            NoKeyNormAttnRes(),
-        )
-    }
-)
+RESIDUALS: Mapping[str, Residual] = MappingProxyType(_discover())
 
 #: Variants with one softmax (or sigmoid) attention over depth per sublayer, source = every
 #: earlier sublayer output (N = L).

@@ -5,6 +5,7 @@ each of its points), and no module outside `cost_model/residuals/` branches on v
 from __future__ import annotations
 
 import ast
+import gc
 import inspect
 from pathlib import Path
 from typing import Any
@@ -224,3 +225,24 @@ def test_no_module_outside_residuals_branches_on_variant_names() -> None:
         if (found := variant_branches(p.read_text(encoding="utf-8")))
     }
     assert offences == {}, "ask cost_model.residuals.residual_of(cfg) instead"
+
+
+def test_discovery_refuses_a_residual_without_its_own_name_or_a_shared_one() -> None:
+    from cost_model.residuals import FullAttnRes, _discover
+
+    class Unnamed(FullAttnRes):
+        pass
+
+    class Twin(FullAttnRes):
+        name = "full_attnres"
+
+    try:
+        for cls, fragment in ((Unnamed, "without its own name"), (Twin, "two residuals")):
+            cls.__module__ = "cost_model.residuals.elsewhere"  # as if defined in the package
+            with pytest.raises(TypeError, match=fragment):
+                _discover()
+            cls.__module__ = __name__  # outside the package: ignored again
+        assert sorted(_discover()) == sorted(VARIANTS)
+    finally:
+        del Unnamed, Twin
+        gc.collect()
