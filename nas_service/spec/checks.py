@@ -21,13 +21,11 @@ from nas_service.spec.candidates import (
     space_size,
 )
 from nas_service.spec.model import (
-    IntAxis,
     JobSpec,
     SpecError,
     _check_text,
-    axis_count,
-    axis_max,
 )
+from nas_service.spec.space import CandidateSpace
 
 # -- corpora ----------------------------------------------------------------------------------
 _CORPUS = "training.corpus"
@@ -159,33 +157,16 @@ def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
             )
         )
     space = spec.space
-    axes: list[tuple[str, IntAxis | None, int]] = [
-        ("n_layers", space.n_layers, s.max_n_layers),
-        ("d_model", space.d_model, s.max_d_model),
-        ("n_heads", space.n_heads, s.max_d_model),
-        ("block_sizes", space.block_sizes, 2 * s.max_n_layers),  # S counts sublayers
-    ]
-    for name, axis, top in axes:
-        if axis is None:
-            continue
-        count = axis_count(axis)
-        if count > s.max_axis_values:
+    for axis in CandidateSpace(spec).axes():
+        if axis.count > s.max_axis_values:
             errors.append(
                 (
-                    f"space.{name}",
-                    f"{_fmt(count)} values, over the limit of {s.max_axis_values} per axis",
+                    f"space.{axis.field}",
+                    f"{_fmt(axis.count)} values, over the limit of {s.max_axis_values} per axis",
                 )
             )
-        largest = axis_max(axis)
-        if largest is not None and largest > top:
-            errors.append(_over(f"space.{name}", largest, top))
-    if space.aspect_ratio is not None and len(space.aspect_ratio) > s.max_axis_values:
-        errors.append(
-            (
-                "space.aspect_ratio",
-                f"{len(space.aspect_ratio)} values, over the limit of {s.max_axis_values} per axis",
-            )
-        )
+        if axis.ceiling is not None and axis.largest > axis.ceiling(s):
+            errors.append(_over(f"space.{axis.field}", axis.largest, axis.ceiling(s)))
     if space.head_dim > s.max_d_model:
         errors.append(_over("space.head_dim", space.head_dim, s.max_d_model))
     if space.params_target is not None and space.params_target.params > s.max_params:

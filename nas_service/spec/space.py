@@ -12,7 +12,8 @@ codec and its inverse; nothing else reads or writes the string.
 The study's parameters are `residual`, the unconditional axes under their own names
 (`n_layers`, `d_model` or `aspect_ratio`, `n_heads`), and `budget` when the job has several.
 
-Adding an axis: a field of `SearchSpace` (model.py) and a row of `AXES`; if it is an
+Adding an axis: a field of `SearchSpace` (model.py) and a row of `AXES` (with the operator's
+ceiling on its values, which `check_job` applies with the per-axis count limit); if it is an
 `ArchConfig` field (`arch_field`), `build_candidate` passes it through.
 """
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from nas_service.spec.model import IntAxis, IntRange, JobSpec
+
+if TYPE_CHECKING:
+    from nas_service.settings import Settings
 
 Kind = Literal["int", "float", "str"]
 
@@ -39,17 +43,25 @@ class AxisDef:
     variants: frozenset[str] | None = None  # only these variants have it (None: every one)
     tag: str | None = None  # its key in the study's `residual` (conditional axes only)
     arch_field: bool = True  # passed to `ArchConfig` as it is (else `build_candidate` derives)
+    ceiling: Callable[[Settings], float] | None = None  # the operator's limit on its values
 
 
 #: Every searched axis, in the order candidates and the study list them. `variant` comes first:
 #: the conditional axes depend on it.
 AXES: tuple[AxisDef, ...] = (
     AxisDef("variant", "variants", "str"),
-    AxisDef("n_layers", "n_layers", "int"),
-    AxisDef("d_model", "d_model", "int", arch_field=False),
-    AxisDef("aspect_ratio", "aspect_ratio", "float", arch_field=False),
-    AxisDef("n_heads", "n_heads", "int", arch_field=False),
-    AxisDef("block_size", "block_sizes", "int", frozenset({"block_attnres"}), tag="S"),
+    AxisDef("n_layers", "n_layers", "int", ceiling=lambda s: s.max_n_layers),
+    AxisDef("d_model", "d_model", "int", arch_field=False, ceiling=lambda s: s.max_d_model),
+    AxisDef("aspect_ratio", "aspect_ratio", "float", arch_field=False),  # width: check_job
+    AxisDef("n_heads", "n_heads", "int", arch_field=False, ceiling=lambda s: s.max_d_model),
+    AxisDef(
+        "block_size",
+        "block_sizes",
+        "int",
+        frozenset({"block_attnres"}),
+        tag="S",
+        ceiling=lambda s: 2 * s.max_n_layers,  # S counts sublayers
+    ),
 )
 VARIANT = "variant"
 RESIDUAL = "residual"  # the study's parameter: the variant and its conditional axes
@@ -68,10 +80,16 @@ class Axis:
     choices: tuple[Any, ...] = ()
     range: IntRange | None = None
     variants: frozenset[str] | None = None
+    ceiling: Callable[[Settings], float] | None = None
 
     @property
     def count(self) -> int:
         return self.range.count if self.range is not None else len(self.choices)
+
+    @property
+    def largest(self) -> Any:
+        """The largest value, without expanding a range."""
+        return self.range.last if self.range is not None else max(self.choices)
 
     def values(self) -> list[Any]:
         return self.range.values() if self.range is not None else list(self.choices)
@@ -92,10 +110,10 @@ class Suggester(Protocol):
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
 
-def _axis(definition: AxisDef, value: IntAxis | list[Any]) -> Axis:
+def _axis(d: AxisDef, value: IntAxis | list[Any]) -> Axis:
     if isinstance(value, IntRange):
-        return Axis(definition.name, definition.field, range=value, variants=definition.variants)
-    return Axis(definition.name, definition.field, tuple(value), variants=definition.variants)
+        return Axis(d.name, d.field, range=value, variants=d.variants, ceiling=d.ceiling)
+    return Axis(d.name, d.field, tuple(value), variants=d.variants, ceiling=d.ceiling)
 
 
 class CandidateSpace:

@@ -229,3 +229,12 @@ def test_the_train_spec_carries_every_training_field() -> None:
     resolved = price_candidate(spec, params, corpus="/data/plays.txt").train_spec
     assert resolved is not None and resolved.corpus == "/data/plays.txt"
     assert price_candidate(spec, params, corpus=None).train_spec.corpus is None  # type: ignore[union-attr]
+
+
+def test_every_axis_is_a_field_of_the_space() -> None:
+    from nas_service.spec import AXES, SearchSpace
+
+    assert {d.field for d in AXES} <= set(SearchSpace.model_fields)
+    assert AXES[0].name == "variant"  # the conditional axes depend on it
+    tags = [d.tag for d in AXES if d.tag is not None]
+    assert len(tags) == len(set(tags)) and all(d.variants for d in AXES if d.tag)
