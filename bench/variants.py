@@ -8,8 +8,8 @@ residual, measured side by side in one run (interleaved rounds, medians).
 The training steps run on the C heap as the trainer sets it (`workers.allocator`: freed
 memory kept for the next step); `--default-allocator` measures glibc's defaults instead.
 Decode: the paths take turns token by token on one set of Transformer weights; the two-phase
-schedule (Block AttnRes, and Full AttnRes as its S = 1 case) runs on the compiled decoding
-kernels (workers/model/native.py) where they serve and, as a further row, on torch operations.
+schedule (Block AttnRes, and Full AttnRes as its S = 1 case) runs on torch operations
+(`depth_attention.OnlineDepth`).
 
 Targets (CPU, L_b = 8, d = 256, T = 256): Block AttnRes (N = 4) ≤ 1.10, Full AttnRes ≤ 1.30,
 mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 × baseline decode.
@@ -18,7 +18,6 @@ mHC-lite ≤ 1.30 × the baseline step; two-phase Block AttnRes decode ≤ 1.10 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -32,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
 from workers import allocator
-from workers.model import DepthscopeLM, build_model, native
+from workers.model import DepthscopeLM, build_model
 
 TARGETS = {"block_attnres": 1.10, "full_attnres": 1.30, "mhc_lite": 1.30}
 DECODE_TARGET = 1.10
@@ -83,31 +82,28 @@ def sharing_weights(cfg: ArchConfig, source: DepthscopeLM) -> DepthscopeLM:
     return model
 
 
-Path_ = tuple[DepthscopeLM, str, bool]  # model, depth schedule, compiled kernels allowed
+Path_ = tuple[DepthscopeLM, str]  # model, depth schedule
 
 
 def decode_round(
     paths: dict[str, Path_], x: torch.Tensor, prompt: int, device: torch.device
 ) -> dict[str, float]:
-    """Per-token decode latency of each (model, schedule, kernels) after a prompt (KV cache),
-    the paths decoding token by token in turn (the order reversed every token), so that drift
-    of the machine hits every path alike. `kernels` False: the torch operations instead of
-    the compiled decoding kernels (`workers.model.native`), switched outside the timing."""
+    """Per-token decode latency of each (model, schedule) after a prompt (KV cache), the
+    paths decoding token by token in turn (the order reversed every token), so that drift of
+    the machine hits every path alike."""
     caches = {}
-    for name, (model, schedule, kernels) in paths.items():
+    for name, (model, schedule) in paths.items():
         caches[name] = model.new_cache()
-        with contextlib.nullcontext() if kernels else native.disabled():
-            model.step(x[:, :prompt], caches[name], schedule)
+        model.step(x[:, :prompt], caches[name], schedule)
     spent = dict.fromkeys(paths, 0.0)
     order = list(paths.items())
     for t in range(prompt, x.shape[1]):
-        for name, (model, schedule, kernels) in order if t % 2 else reversed(order):
-            with contextlib.nullcontext() if kernels else native.disabled():
-                _sync(device)
-                start = time.perf_counter()
-                model.step(x[:, t : t + 1], caches[name], schedule)
-                _sync(device)
-                spent[name] += time.perf_counter() - start
+        for name, (model, schedule) in order if t % 2 else reversed(order):
+            _sync(device)
+            start = time.perf_counter()
+            model.step(x[:, t : t + 1], caches[name], schedule)
+            _sync(device)
+            spent[name] += time.perf_counter() - start
     return {name: total / (x.shape[1] - prompt) for name, total in spent.items()}
 
 
@@ -157,12 +153,11 @@ def main() -> int:
     block = build_model(variants["block_attnres"]).to(device).eval()
     full = sharing_weights(variants["full_attnres"], block).to(device).eval()
     decoders = {
-        "baseline": (sharing_weights(base, block).to(device).eval(), "sequential", True),
-        "block_attnres two_phase": (block, "two_phase", True),
-        "block_attnres two_phase, torch ops": (block, "two_phase", False),
-        "block_attnres sequential": (block, "sequential", True),
-        "full_attnres two_phase": (full, "two_phase", True),
-        "full_attnres sequential": (full, "sequential", True),
+        "baseline": (sharing_weights(base, block).to(device).eval(), "sequential"),
+        "block_attnres two_phase": (block, "two_phase"),
+        "block_attnres sequential": (block, "sequential"),
+        "full_attnres two_phase": (full, "two_phase"),
+        "full_attnres sequential": (full, "sequential"),
     }
     gen = torch.Generator().manual_seed(0)
     tokens = (args.decode_batch, args.decode_prompt + args.decode_tokens)
@@ -190,12 +185,6 @@ def main() -> int:
     two_vs_seq = statistics.median(
         a / b for a, b in zip(two_phase, decode_times["block_attnres sequential"], strict=True)
     )
-    kernels_vs_ops = statistics.median(
-        a / b
-        for a, b in zip(two_phase, decode_times["block_attnres two_phase, torch ops"], strict=True)
-    )
-    lib = native.kernels() if device.type == "cpu" else None
-    kernels = f"compiled ({lib.path.name})" if lib else "not serving (torch operations)"
     print(
         f"training step, L_b={args.n_layers} d={args.d_model} T={args.seq_len} batch={args.batch} "
         f"device={device} (median of {args.rounds} interleaved rounds); C heap: {heap}"
@@ -236,7 +225,6 @@ def main() -> int:
             }
         )
     print(f"two-phase / sequential (same Block AttnRes model): {two_vs_seq:.3f}")
-    print(f"two-phase, decoding kernels / torch ops: {kernels_vs_ops:.3f}; kernels: {kernels}")
     if args.json:
         args.json.write_text(
             json.dumps(
@@ -246,8 +234,6 @@ def main() -> int:
                     "heap": heap,
                     "rows": rows,
                     "two_phase_vs_sequential": two_vs_seq,
-                    "kernels_vs_torch_ops": kernels_vs_ops,
-                    "kernels": kernels,
                 },
                 indent=2,
             )

@@ -5,17 +5,20 @@ from workers.model.depth_stack import DepthStack
 from workers.model.layers import NORM_EPS, KVCache, rms_normalize
 from workers.model.lm import DepthscopeLM, build_model
 from workers.model.mixers import (
+    IMPLS,
     MIXERS,
     BlockAttnRes,
     DenseFormer,
     DepthMixer,
     FullAttnRes,
+    Impl,
     MHCLite,
     StandardResidual,
     make_mixer,
 )
 
 __all__ = [
+    "IMPLS",
     "MIXERS",
     "NORM_EPS",
     "BlockAttnRes",
@@ -24,6 +27,7 @@ __all__ = [
     "DepthStack",
     "DepthscopeLM",
     "FullAttnRes",
+    "Impl",
     "KVCache",
     "MHCLite",
     "StandardResidual",

@@ -347,25 +347,17 @@ SOFTPLUS_EXACT = 50.0
 
 
 class ScaledQueries:
-    """What `OnlineDepth` takes, derived once per parameter state: every use's query (U, d)
-    times √d (`Qs`) and negated (`neg`), each as a (d, 1) column, the tails Qs[f:] as they are
-    asked for, and √(d·ε) as a 0-d tensor (`c`) and a float (`c_value`)."""
+    """What `OnlineDepth` takes, made from the static queries (U, d) once per pass: every
+    use's query times √d (`Qs`) and negated (`neg`), each as a (d, 1) column (`cols`), and
+    √(d·ε) as a 0-d tensor (`c`)."""
 
     def __init__(self, queries: torch.Tensor) -> None:
         d = queries.shape[-1]
         self.Qs = upcast(queries.detach()).mul(math.sqrt(d))
         self.neg = self.Qs.neg()
         self.cols = self.Qs.unsqueeze(-1).unbind(0)
-        self.c_value = math.sqrt(d * layers.NORM_EPS)
-        self.c = torch.full((), self.c_value, dtype=self.Qs.dtype, device=self.Qs.device)
-        self._tails: dict[int, torch.Tensor] = {}
-        self.derived: dict[Any, Any] = {}  # what a consumer derives once (`native.NativeDepth`)
-
-    def tail(self, first_use: int) -> torch.Tensor:
-        t = self._tails.get(first_use)
-        if t is None:
-            t = self._tails[first_use] = self.Qs[first_use:]
-        return t
+        c = math.sqrt(d * layers.NORM_EPS)
+        self.c = torch.full((), c, dtype=self.Qs.dtype, device=self.Qs.device)
 
 
 class OnlineDepth:
@@ -432,7 +424,7 @@ class OnlineDepth:
         with self.off:
             v = self._cast(value)
             nlse = self.nlse[f:]
-            t = self._logits(self.q.tail(f), v, nlse)  # s − lse, (U − f, B, T)
+            t = self._logits(self.q.Qs[f:], v, nlse)  # s − lse, (U − f, B, T)
             nlse -= F.softplus(t, threshold=SOFTPLUS_EXACT)
             beta = t.sigmoid_().unsqueeze(-1)
             if self.o is None:  # every later use's state so far is the first source

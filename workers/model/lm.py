@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from cost_model import ArchConfig
-from workers.model.layers import KVCache, TransformerBlock, make_norm, rope_tables
-from workers.model.mixers import DepthMixer, make_mixer
+from workers.model.layers import KVCache, RMSNorm, TransformerBlock, make_norm, rope_tables
+from workers.model.mixers import DepthMixer, Impl, make_mixer
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
 
@@ -22,10 +22,11 @@ class DepthscopeLM(nn.Module):
     `forward(idx, targets)` is the training path (whole sequences, causal attention).
     `step(idx, cache, schedule)` is the inference path: a prefill (many tokens) or a decode
     step (one token) against a `KVCache`, with the depth schedule `"sequential"` or, for Block
-    AttnRes, `"two_phase"`.
+    AttnRes, `"two_phase"`. `mixer_impl` picks the residual wiring's fast path (the default)
+    or its reference forward (`workers.model.mixers`).
     """
 
-    def __init__(self, cfg: ArchConfig, attn_impl: str = "sdpa") -> None:
+    def __init__(self, cfg: ArchConfig, attn_impl: str = "sdpa", mixer_impl: Impl = "fast") -> None:
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -33,7 +34,7 @@ class DepthscopeLM(nn.Module):
             nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
         )
         self.blocks = nn.ModuleList(TransformerBlock(cfg, attn_impl) for _ in range(cfg.n_layers))
-        self.mixer: DepthMixer = make_mixer(cfg)
+        self.mixer: DepthMixer = make_mixer(cfg, mixer_impl)
         self.norm_f = make_norm(cfg)
         self.lm_head = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -51,14 +52,19 @@ class DepthscopeLM(nn.Module):
         - token embedding, learned positions, every Linear weight (and an untied LM head):
           N(0, 0.02); the two output projections of each block (attention `o`, MLP `down`):
           N(0, 0.02/√(2·L_b)) (GPT-2's residual scaling); biases 0; norm gains 1.
-        - AttnRes: pseudo-queries 0 (every sublayer input starts as the plain mean of its
-          sources), key-norm gains 1, input-dependent query projections 0.
-        - mHC-lite: projections 0, gates 0.01, biases: H_pre = 1/n, H_post = 1, identity
-          permutation logit 0 and the others −8.
-        - DenseFormer: identity weights (1 on the newest block output, 0 elsewhere).
+        - the residual wiring: its mixer's own `reset_parameters` (see each variant's module
+          in `workers.model.mixers`): AttnRes pseudo-queries 0 (every sublayer input starts
+          as the plain mean of its sources), key-norm gains 1, input-dependent query
+          projections 0; mHC-lite projections 0, gates 0.01, biases H_pre = 1/n, H_post = 1,
+          identity permutation logit 0 and the others −8; DenseFormer identity weights (1 on
+          the newest block output, 0 elsewhere). No random draws: the Transformer's draws
+          are the same for every variant.
         """
         out_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
+        mixer_modules = set(self.mixer.modules())
         for name, module in self.named_modules():
+            if module in mixer_modules:
+                continue  # the mixer initialises its own (below)
             if isinstance(module, nn.Linear):
                 std = out_std if name.endswith((".o", ".down")) else INIT_STD
                 nn.init.normal_(module.weight, 0.0, std)
@@ -70,17 +76,9 @@ class DepthscopeLM(nn.Module):
                 nn.init.ones_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif hasattr(module, "weight") and module.__class__.__name__ == "RMSNorm":
+            elif isinstance(module, (RMSNorm, nn.RMSNorm)):
                 nn.init.ones_(module.weight)
-        mixer = self.mixer
-        for pname, param in mixer.named_parameters():
-            if pname.startswith(("queries", "agg_query", "input_proj")):
-                nn.init.zeros_(param)
-            elif pname.startswith(("key_gains", "agg_key_gain")):
-                nn.init.ones_(param)
-        reset = getattr(mixer, "reset_parameters", None)
-        if reset is not None:
-            reset()
+        self.mixer.reset_parameters()
 
     # -- pieces ----------------------------------------------------------------------------
     def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
@@ -156,6 +154,8 @@ class DepthscopeLM(nn.Module):
         return KVCache.empty(self.cfg.n_layers, self.cfg.seq_len)
 
 
-def build_model(cfg: ArchConfig, attn_impl: str = "sdpa") -> DepthscopeLM:
+def build_model(
+    cfg: ArchConfig, attn_impl: str = "sdpa", mixer_impl: Impl = "fast"
+) -> DepthscopeLM:
     """The model for `cfg`, initialised (see `DepthscopeLM.reset_parameters`)."""
-    return DepthscopeLM(cfg, attn_impl)
+    return DepthscopeLM(cfg, attn_impl, mixer_impl)
