@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, get_args
 
 import numpy as np
@@ -363,6 +364,13 @@ class ArchGrid(_Derived):
 
     def __len__(self) -> int:
         return int(self.n_layers.shape[0])
+
+    @cached_property
+    def n_blocks(self) -> Any:
+        """N per point, as the variant defines it, computed once per grid: every formula reads
+        it (a tenth of a grid's pricing when recomputed each time). The sizes it depends on
+        are final once `build` has validated them."""
+        return residual_of(self).n_blocks(self)
 
     def _validate(self) -> None:
         """The numeric checks of `ArchConfig`, as masks. Invalid points keep safe stand-in

@@ -64,7 +64,8 @@ class Residual(ABC):
     # -- depth sources --------------------------------------------------------------------
     @abstractmethod
     def n_blocks(self, cfg: _Derived) -> Any:
-        """N, the number of depth blocks (0 for a variant without depth attention)."""
+        """N, the number of depth blocks (0 for a variant without depth attention). The
+        definition: formulas read `cfg.n_blocks`, which asks it (once per `ArchGrid`)."""
 
     @abstractmethod
     def attended_sources_total(self, cfg: _Derived) -> Any:

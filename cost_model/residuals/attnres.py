@@ -45,21 +45,21 @@ class AttnRes(Residual):
 
     def aggregation_sources(self, cfg: _Derived) -> Any:
         """The output aggregation attends to every source: L + 1 (Full) or N + 1 (Block)."""
-        return self.n_blocks(cfg) + 1
+        return cfg.n_blocks + 1
 
     def live_sources(self, cfg: _Derived) -> Any:
         """Full L + 1 (Attention Residuals: O(L·d)); Block N + 1 (b_0 … b_{N−1} and the
         current partial, O(N·d))."""
-        return self.n_blocks(cfg) + 1
+        return cfg.n_blocks + 1
 
     def cached_sources(self, cfg: _Derived) -> Any:
         """Full L, Block N (Attention Residuals §4: N·T·d for Block AttnRes; the embedding b_0
         is recomputed from the token ids by a lookup, so it is not counted)."""
-        return self.n_blocks(cfg)
+        return cfg.n_blocks
 
     def sources_per_stage(self, cfg: _Derived, stages: Any) -> Any:
         """N / stages: each chunk produces its share of the N representations."""
-        return self.n_blocks(cfg) / stages
+        return cfg.n_blocks / stages
 
     def mixing_params(self, cfg: _Derived) -> Any:
         """Per sublayer a pseudo-query w_l ∈ R^d and the gain of the RMSNorm on the keys:
@@ -217,14 +217,14 @@ class BlockAttnRes(AttnRes):
     def attended_sources_total(self, cfg: _Derived) -> Any:
         """Σ_j (1 + n_j + [i_j ≥ 2]) = L + Σ_j floor(j/S) + (L − N), O(L·N)."""
         sub = cfg.n_sublayers
-        return sub + _floor_sum(sub, cfg.block_size) + (sub - self.n_blocks(cfg))
+        return sub + _floor_sum(sub, cfg.block_size) + (sub - cfg.n_blocks)
 
     def _partials(self, cfg: _Derived) -> Any:
         """The L − N sublayers that are not first in their block use the running partial."""
-        return cfg.n_sublayers - self.n_blocks(cfg)
+        return cfg.n_sublayers - cfg.n_blocks
 
     def _two_phase_io(self, cfg: _Derived, schedule_block: Any) -> Any:
         """Phase 1 reads the N finished blocks once for the block's S queries (N/S per
         sublayer); Phase 2 reads the Phase-1 partial result and the running partial, writes
         the input, reads f and writes the new partial: (N/S + 5)·d."""
-        return self.n_blocks(cfg) / cfg.block_size + 5
+        return cfg.n_blocks / cfg.block_size + 5
