@@ -42,7 +42,8 @@ def rms_scale(v: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         dtype = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
         norm = torch.linalg.vector_norm(v, dim=-1, dtype=dtype)
-        return norm.square_().div_(v.shape[-1]).add_(layers.NORM_EPS).rsqrt_()
+        scale: torch.Tensor = norm.square_().div_(v.shape[-1]).add_(layers.NORM_EPS).rsqrt_()
+        return scale
 
 
 def _logit(query: torch.Tensor, value: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
@@ -153,7 +154,8 @@ def depth_attend(
             [_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
         )
         return _weighted_sum(_weights(logits, gate), tuple(values))
-    return _DepthAttention.apply(query, gate, n, *values, *(scales or ()))
+    out: torch.Tensor = _DepthAttention.apply(query, gate, n, *values, *(scales or ()))  # type: ignore[no-untyped-call]
+    return out
 
 
 #: Below this many source elements (a decoding step: a few tokens) the inference path stacks
@@ -196,7 +198,8 @@ class _WeightedSum(torch.autograd.Function):
 
 def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
     """Σ_i weights[i]·values[i] (static learned weights, no normalisation)."""
-    return _WeightedSum.apply(weights, *values)
+    out: torch.Tensor = _WeightedSum.apply(weights, *values)  # type: ignore[no-untyped-call]
+    return out
 
 
 def _phase1(
@@ -244,10 +247,11 @@ class _BlockPhase1(torch.autograd.Function):
         g = torch.zeros(B, T, S, d, dtype=ref.dtype, device=ref.device)
         dl = torch.zeros(B, T, S, dtype=weights.dtype, device=ref.device)
         for i in range(S):
-            if grads[i] is not None:
-                g[:, :, i] = grads[i]
-            if grads[S + i] is not None:
-                dl[..., i] = grads[S + i]
+            g_h, g_lse = grads[i], grads[S + i]
+            if g_h is not None:
+                g[:, :, i] = g_h
+            if g_lse is not None:
+                dl[..., i] = g_lse
         g = g.view(B * T, S, d)
         dl = dl.view(B * T, 1, S)
         V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
@@ -280,7 +284,7 @@ def block_phase1(
     if not torch.is_grad_enabled():
         *_, h1, lse = _phase1(queries, tuple(values), tuple(scales))
         return h1, lse
-    out = _BlockPhase1.apply(queries, len(values), *values, *scales)
+    out = _BlockPhase1.apply(queries, len(values), *values, *scales)  # type: ignore[no-untyped-call]
     S = queries.shape[0]
     return list(out[:S]), list(out[S:])
 
@@ -335,7 +339,8 @@ def merge_partial(
     """The input of a block's i-th sublayer (i ≥ 2) from its Phase-1 result and b_n^{i−1}."""
     if not torch.is_grad_enabled():
         return _merge_inference(h1, lse1, partial, query)
-    return _Merge.apply(h1, lse1, partial, query)
+    out: torch.Tensor = _Merge.apply(h1, lse1, partial, query)  # type: ignore[no-untyped-call]
+    return out
 
 
 #: The online schedule keeps one (B·T, d) state per use: it serves inputs up to this many state

@@ -128,7 +128,7 @@ class DepthStack:
         # without autograd (inference) the arithmetic runs directly: no tokens, no nodes
         self.graph = torch.is_grad_enabled()
         if self.graph:
-            self.token = _Open.apply(queries, first, self.stack)
+            self.token = _Open.apply(queries, first, self.stack)  # type: ignore[no-untyped-call]
         else:
             self.stack.open(queries, first)
 
@@ -137,7 +137,7 @@ class DepthStack:
         if self.stack.n == self.stack.slots:
             raise ValueError(f"DepthStack: all {self.stack.slots} slots are taken")
         if self.graph:
-            self.token = _Push.apply(self.token, value, self.stack)
+            self.token = _Push.apply(self.token, value, self.stack)  # type: ignore[no-untyped-call]
         else:
             self.stack.write(value)
 
@@ -151,7 +151,8 @@ class DepthStack:
         if not self.stack.uses <= use < uses:
             raise ValueError(f"DepthStack: use {use} is not in {self.stack.uses}..{uses - 1}")
         if self.graph:
-            return _Attend.apply(self.token, extra, extra_scale, self.stack, use)
+            out: torch.Tensor = _Attend.apply(self.token, extra, extra_scale, self.stack, use)  # type: ignore[no-untyped-call]
+            return out
         h, *_ = self.stack.attend(use, extra, extra_scale)
         return h
 
@@ -363,15 +364,17 @@ class _Attend(torch.autograd.Function):
         V = stack.V[:, :m]
         # vᵢᵀg as a row times a matrix, (1, d)·(d, m): the form batched products run fastest
         dw = upcast(torch.bmm(g.to(stack.dtype)[:, None, :], V.transpose(1, 2)).squeeze(1))
-        w = stack.A[:, j, :m]
+        A = stack.A
+        assert A is not None  # (kept for the backward)
+        w = A[:, j, :m]
         p = alpha = dw_p = None
         if ctx.has_extra:
             p = upcast(extra.reshape(B * T, d))
-            alpha = stack.A[:, j, m]
+            alpha = A[:, j, m]
             dw_p = torch.linalg.vecdot(p, g)
         if stack.gate == "softmax":  # dl = α·(dw − Σ α·dw), over the stack and the extra
             mean = (w * dw).sum(-1)
-            if alpha is not None:
+            if alpha is not None and dw_p is not None:
                 mean.addcmul_(alpha, dw_p)
             dl = w * (dw - mean[:, None])
         else:

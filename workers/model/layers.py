@@ -148,7 +148,8 @@ class CausalSelfAttention(nn.Module):
             past = cache.pos
             k, v = cache.append(layer, k, v)
         y = self._attend(q, k, v, past)  # (B, H, T, Dh)
-        return self.o(y.transpose(1, 2).reshape(B, T, C))
+        out: torch.Tensor = self.o(y.transpose(1, 2).reshape(B, T, C))
+        return out
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int) -> torch.Tensor:
         T, S = q.shape[2], k.shape[2]
@@ -171,7 +172,8 @@ class CausalSelfAttention(nn.Module):
             if mask is None:
                 mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(diagonal=S - T)
             scores = scores.masked_fill(~mask, float("-inf"))
-        return scores.softmax(dim=-1).to(v.dtype) @ v
+        out: torch.Tensor = scores.softmax(dim=-1).to(v.dtype) @ v
+        return out
 
 
 class MLP(nn.Module):
@@ -185,9 +187,9 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=cfg.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate is not None:
-            return self.down(F.silu(self.gate(x)) * self.up(x))
-        return self.down(F.gelu(self.up(x)))
+        hidden = F.silu(self.gate(x)) * self.up(x) if self.gate is not None else F.gelu(self.up(x))
+        out: torch.Tensor = self.down(hidden)
+        return out
 
 
 class TransformerBlock(nn.Module):

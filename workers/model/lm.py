@@ -4,6 +4,7 @@ is a `DepthMixer`, final norm, LM head."""
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +26,9 @@ class DepthscopeLM(nn.Module):
     AttnRes, `"two_phase"`. `mixer_impl` picks the residual wiring's fast path (the default)
     or its reference forward (`workers.model.mixers`).
     """
+
+    rope_cos: torch.Tensor  # (T, Dh / 2) buffers, with RoPE only
+    rope_sin: torch.Tensor
 
     def __init__(self, cfg: ArchConfig, attn_impl: str = "sdpa", mixer_impl: Impl = "fast") -> None:
         super().__init__()
@@ -87,7 +91,7 @@ class DepthscopeLM(nn.Module):
             raise ValueError(
                 f"seq_len: positions {start}..{start + T - 1} exceed the model's {self.cfg.seq_len}"
             )
-        x = self.tok_emb(idx)  # (B, T, d)
+        x: torch.Tensor = self.tok_emb(idx)  # (B, T, d)
         if self.pos_emb is not None:
             x = x + self.pos_emb(torch.arange(start, start + T, device=idx.device))
         return x
@@ -105,15 +109,19 @@ class DepthscopeLM(nn.Module):
         cache: KVCache | None,
     ) -> torch.Tensor:
         """f_l(h): sublayer l = attention (even l) or MLP (odd l) of block l // 2, PreNorm."""
-        block = self.blocks[l // 2]
+        block = cast(TransformerBlock, self.blocks[l // 2])
+        out: torch.Tensor
         if l % 2 == 0:
-            return block.attn(block.attn_norm(h), rope, cache, l // 2)
-        return block.mlp(block.mlp_norm(h))
+            out = block.attn(block.attn_norm(h), rope, cache, l // 2)
+        else:
+            out = block.mlp(block.mlp_norm(h))
+        return out
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         h = self.norm_f(h)
         if self.lm_head is not None:
-            return self.lm_head(h)
+            logits: torch.Tensor = self.lm_head(h)
+            return logits
         return h @ self.tok_emb.weight.T.to(h.dtype)
 
     # -- paths -----------------------------------------------------------------------------

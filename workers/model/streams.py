@@ -242,7 +242,7 @@ class _Update(torch.autograd.Function):
             H.reshape(N, n * n),
             post.reshape(N, n),
             f.reshape(N, d),
-            _flat(d_out, N, n, d),  # broadcast over the streams: the model sums them
+            d_out.contiguous().view(N, n, d),  # broadcast over the streams: the model sums them
         )
         return (
             d_X.view(B, T, n, d),
@@ -256,7 +256,8 @@ def enter(
     X: torch.Tensor, W: torch.Tensor, gates: torch.Tensor, bias: torch.Tensor, perms: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(h, H_res, H_post) of the first sublayer from the initial state X (B, T, n, d)."""
-    return _Enter.apply(X, W, gates, bias, perms)
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = _Enter.apply(X, W, gates, bias, perms)  # type: ignore[no-untyped-call]
+    return out
 
 
 def transition(
@@ -270,9 +271,13 @@ def transition(
     perms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(X', h, H_res', H_post') across one sublayer boundary (see the module docstring)."""
-    return _Transition.apply(X, H, post, f.to(X.dtype), W, gates, bias, perms)
+    out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] = _Transition.apply(  # type: ignore[no-untyped-call]
+        X, H, post, f.to(X.dtype), W, gates, bias, perms
+    )
+    return out
 
 
 def update(X: torch.Tensor, H: torch.Tensor, post: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     """X' = H_res·X + H_post ⊗ f (the last sublayer's update)."""
-    return _Update.apply(X, H, post, f.to(X.dtype))
+    out: torch.Tensor = _Update.apply(X, H, post, f.to(X.dtype))  # type: ignore[no-untyped-call]
+    return out
