@@ -68,7 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "forward", False):  # `runner`: its own parser reads the rest, in order
+        args.args = rest
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     result: int = args.func(args)
     return result
 

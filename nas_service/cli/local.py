@@ -273,8 +273,7 @@ def _add_runner_parser(sub: Any) -> None:
         "with --forever, keep polling for new ones). Safe to restart after a crash.",
         add_help=False,
     )
-    p.add_argument("args", nargs=argparse.REMAINDER)
-    p.set_defaults(func=_cmd_runner)
+    p.set_defaults(func=_cmd_runner, forward=True)  # its arguments go to the runner's parser
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:

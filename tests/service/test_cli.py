@@ -227,3 +227,49 @@ def test_python_dash_m_runs_the_command() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["arch"]["n_layers"] == 4
+
+
+def documented_commands() -> list[list[str]]:
+    """The `depthscope` command lines of the README and the Makefile, as argument lists."""
+    import shlex
+
+    text = (ROOT / "README.md").read_text() + "\n" + (ROOT / "Makefile").read_text()
+    text = text.replace("\\\n", " ")
+    out = []
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        for prefix in (".venv/bin/depthscope ", "$(VENV)/bin/depthscope "):
+            if line.startswith(prefix):
+                out.append(shlex.split(line.removeprefix(prefix).replace("[JOB]", "JOB")))
+    return out
+
+
+def test_the_documented_command_lines_parse_and_cost_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    commands = documented_commands()
+    assert {c[0] for c in commands} >= {"cost", "serve", "submit", "status", "pareto", "runner"}
+    for argv in commands:
+        if argv[0] == "cost":
+            assert cli.main(argv) == 0, capsys.readouterr().err
+        else:
+            parse(argv)  # exits (and fails the test) on an unknown flag
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """The namespace `main` would run (the commands not called)."""
+    args, rest = cli.build_parser().parse_known_args(argv)
+    assert not rest or getattr(args, "forward", False), rest
+    return args
+
+
+def test_the_runner_gets_its_arguments_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    import nas_service.runner
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(nas_service.runner, "main", lambda argv: seen.append(argv) or 0)
+    assert cli.main(["runner", "--cluster", "lab", "--forever"]) == 0
+    assert cli.main(["runner"]) == 0
+    assert seen == [["--cluster", "lab", "--forever"], []]
+    with pytest.raises(SystemExit):
+        cli.main(["status", "--colour", "blue"])
