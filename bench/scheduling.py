@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 
 from nas_service.db import make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage, submit_job
+from nas_service.jobs import optuna_storage, submit
 from nas_service.runner import Runner, connect_ray
 from nas_service.settings import ClusterSettings, get_settings
 
@@ -46,7 +46,7 @@ def one_run(url: str, trials: int, slots: int, tokens: int) -> dict[str, float]:
         "training": {"seq_len": 32, "batch_size": 4, "n_evals": 2, "eval_batches": 2, "threads": 1},
         "cost": {"hardware": "cpu"},
     }
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     start = time.perf_counter()
     Runner(settings).run(timeout_s=1800, poll_s=0.05)
     makespan = time.perf_counter() - start

@@ -119,7 +119,8 @@ def _bootstrap_vertices(x: np.ndarray, y: np.ndarray, resamples: int, seed: int)
     ok = distinct >= 3
     beta = np.linalg.solve(XtWX[ok], XtWy[ok][..., None])[..., 0]  # (b, 3): a, b, c
     a, b = beta[:, 0], beta[:, 1]
-    return -b[a > 0] / (2 * a[a > 0])
+    vertices: np.ndarray = -b[a > 0] / (2 * a[a > 0])
+    return vertices
 
 
 def fit_optimum(
@@ -187,7 +188,7 @@ class ScalingFit:
     residuals: list[float]
 
     def loss_at(self, compute: float) -> float:
-        return self.A * compute ** (-self.alpha)
+        return float(self.A * compute ** (-self.alpha))
 
     def compute_for(self, loss: float) -> float:
         return float((self.A / loss) ** (1 / self.alpha))

@@ -64,7 +64,10 @@ def connect_ray(cluster: ClusterSettings) -> bool:
         return False
     if already and (cluster.auth_mode is not None or cluster.auth_token is not None):
         try:
-            from ray._raylet import AuthenticationTokenLoader, Config
+            from ray._raylet import (  # type: ignore[attr-defined]  # not in ray's stubs
+                AuthenticationTokenLoader,
+                Config,
+            )
 
             Config.initialize("")
             AuthenticationTokenLoader.instance().reset_cache()
@@ -99,7 +102,7 @@ def shutdown_ray(local: bool) -> None:
 
     tree = []
     if local:
-        import psutil
+        import psutil  # type: ignore[import-untyped]  # no stubs installed
 
         tree = psutil.Process().children(recursive=True)
     ray.shutdown()
@@ -121,7 +124,7 @@ def largest_node() -> dict[str, float]:
     import ray
 
     best: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if not node.get("Alive", False):
             continue
         res = node.get("Resources", {})

@@ -1,13 +1,18 @@
-"""Jobs: submission (validate, then create the study and the job row), reading, cancelling.
+"""Jobs: submission (validate, then create the study and the job row), reading, listing,
+cancelling.
 
 Only the service touches the database. A spec is checked completely before anything is
-written, so a refused spec stores nothing.
+written, so a refused spec stores nothing. These functions take the caller's `Session` and
+never commit: the caller's transaction boundary does (`db.unit_of_work`, the API's session
+dependency); `submit` and `cancel` are such boundaries for callers without one.
 
 Submission and the limit on active jobs are one transaction: under a lock (PostgreSQL: a
 transaction-scoped advisory lock; SQLite: `BEGIN IMMEDIATE`, the database's write lock) the
 active jobs are counted, and the job row and its event are inserted only below the limit.
 Concurrent submissions therefore never pass `max_concurrent_jobs`; a refused one
-(`JobLimitError`) or a failed one deletes the Optuna study it created, so nothing is stored.
+(`JobLimitError`) or a failed one deletes the Optuna study it created, so nothing is stored:
+the lock is held until the caller commits, and a transaction that does not commit deletes
+the study (`db.on_rollback`).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import optuna
 from sqlalchemy import Connection, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import Job, JobEvent
+from nas_service.db import ACTIVE_STATES, Job, JobEvent, JobStatus, on_rollback, unit_of_work
 from nas_service.db.engine import SQLITE_BUSY_TIMEOUT_S, normalise_url, pool_kwargs
 from nas_service.search import create_study
 from nas_service.settings import Settings
@@ -31,7 +36,6 @@ from nas_service.spec import JobSpec, check_job, parse_spec
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
 
-ACTIVE_STATES = ("pending", "running")
 #: The advisory lock key that serialises submissions on PostgreSQL ("dsubmit" in ASCII).
 SUBMIT_LOCK_KEY = int.from_bytes(b"dsubmit", "big")
 #: A job id as the service makes them: `str(uuid.uuid4())`.
@@ -79,26 +83,35 @@ def _lock_for_submission(conn: Connection) -> None:
     """Take the database's submission lock for the rest of this transaction."""
     if conn.dialect.name == "postgresql":
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMIT_LOCK_KEY})
-    elif conn.dialect.name == "sqlite":
+    elif conn.dialect.name == "sqlite" and not getattr(
+        conn.connection.dbapi_connection, "in_transaction", False
+    ):
         # pysqlite begins a transaction only before DML (the SQLAlchemy transaction is a no-op
         # at the driver level until then), so this starts the real one, holding the write lock.
+        # One begun already by the caller's DML holds that lock already.
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def submit_job(
-    session_factory: sessionmaker[Session],
+    session: Session,
     settings: Settings,
     data: dict[str, Any] | JobSpec,
     storage: optuna.storages.BaseStorage | None = None,
 ) -> Job:
-    """Validate `data`, then create its Optuna study and its job row (status pending).
-    Raises `SpecError` for a bad spec and `JobLimitError` at `max_concurrent_jobs` active
-    jobs; in either case nothing is stored."""
+    """Validate `data`, then create its Optuna study and its job row (status pending) in
+    `session`'s transaction, which holds the submission lock from the limit check on until
+    the caller commits. Raises `SpecError` for a bad spec and `JobLimitError` at
+    `max_concurrent_jobs` active jobs; in either case, or when the transaction is rolled
+    back instead of committed, nothing is stored: the study is deleted after the rollback,
+    so the session must come from a `db.unit_of_work` (the API's session dependency is
+    one; `submit` is one)."""
     spec = data if isinstance(data, JobSpec) else parse_spec(data)
     candidates = check_job(spec, settings)
     limit = settings.max_concurrent_jobs
-    with session_factory() as session:  # a cheap early refusal (decided again under the lock)
-        active = _count_active(session)
+    owned = not session.in_transaction()
+    active = _count_active(session)  # a cheap early refusal (decided again under the lock)
+    if owned:  # end this read (nothing else is in it): no connection held while the study is made
+        session.rollback()
     if active >= limit:
         raise JobLimitError(active, limit)
     job_id = str(uuid.uuid4())
@@ -106,30 +119,44 @@ def submit_job(
     storage = storage or optuna_storage(settings.database_url, settings)
     try:
         create_study(spec, storage, study_name)
-        with session_factory() as session:
-            _lock_for_submission(session.connection())
-            active = _count_active(session)
-            if active >= limit:
-                raise JobLimitError(active, limit)
-            job = Job(
-                id=job_id,
-                name=spec.name,
-                spec=spec.model_dump(mode="json"),
-                study_name=study_name,
-                n_trials=spec.n_trials,
-            )
-            job.events.append(
-                JobEvent(
-                    kind="submitted",
-                    message=f"{len(candidates)} valid candidates, {spec.n_trials} trials",
-                )
-            )
-            session.add(job)
-            session.commit()
     except BaseException:
         _forget_study(study_name, storage)
         raise
+    # from here on the study goes when the transaction does not commit: after its rollback,
+    # which gives the lock back (deleting it under the lock would wait for ourselves)
+    on_rollback(session, lambda: _forget_study(study_name, storage))
+    _lock_for_submission(session.connection())
+    active = _count_active(session)
+    if active >= limit:
+        raise JobLimitError(active, limit)
+    job = Job(
+        id=job_id,
+        name=spec.name,
+        spec=spec.model_dump(mode="json"),
+        study_name=study_name,
+        n_trials=spec.n_trials,
+    )
+    job.events.append(
+        JobEvent(
+            kind="submitted",
+            message=f"{len(candidates)} valid candidates, {spec.n_trials} trials",
+        )
+    )
+    session.add(job)
+    session.flush()
     return job
+
+
+def submit(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    data: dict[str, Any] | JobSpec,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> Job:
+    """`submit_job` as one committed transaction (for callers without a boundary of their
+    own: the runner's tests, the benchmarks)."""
+    with unit_of_work(sessions) as session:
+        return submit_job(session, settings, data, storage)
 
 
 def _forget_study(study_name: str, storage: optuna.storages.BaseStorage) -> None:
@@ -164,15 +191,32 @@ def active_jobs(session: Session) -> list[Job]:
     )
 
 
-def cancel_job(session_factory: sessionmaker[Session], job_id: str) -> Job:
-    """Mark a job cancelled; its runner stops the job's Ray tasks when it next looks."""
-    with session_factory.begin() as session:
-        job = get_job(session, job_id)
-        if job.status not in ACTIVE_STATES:
-            raise JobStateError(
-                f"job {job_id} is {job.status}; only pending or running jobs cancel"
-            )
-        job.status = "cancelled"
-        job.finished_at = dt.datetime.now(dt.UTC)
-        job.events.append(JobEvent(kind="cancelled", message="cancelled by request"))
-        return job
+def list_jobs(
+    session: Session, status: JobStatus | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, optionally of one status, and how many there are."""
+    query = select(Job)
+    if status is not None:
+        query = query.where(Job.status == status)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    page = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset))
+    return list(page), total
+
+
+def cancel_job(session: Session, job_id: str) -> Job:
+    """Mark a job cancelled (in the caller's transaction); its runner stops the job's Ray
+    tasks when it next looks."""
+    job = get_job(session, job_id)
+    if not job.status.active:
+        raise JobStateError(f"job {job_id} is {job.status}; only pending or running jobs cancel")
+    job.status = JobStatus.CANCELLED
+    job.finished_at = dt.datetime.now(dt.UTC)
+    job.events.append(JobEvent(kind="cancelled", message="cancelled by request"))
+    session.flush()
+    return job
+
+
+def cancel(sessions: sessionmaker[Session], job_id: str) -> Job:
+    """`cancel_job` as one committed transaction."""
+    with unit_of_work(sessions) as session:
+        return cancel_job(session, job_id)

@@ -17,8 +17,9 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any, cast
 
-from sqlalchemy import delete, or_, update
+from sqlalchemy import CursorResult, delete, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,13 +52,16 @@ class Lease:
         """Take the lease if it is free or expired (or already ours). True when held."""
         now = time.time()
         with self.sessions.begin() as s:
-            taken = s.execute(
-                update(RunnerLease)
-                .where(
-                    RunnerLease.cluster == self.cluster,
-                    or_(RunnerLease.holder == self.holder, RunnerLease.expires_at < now),
-                )
-                .values(holder=self.holder, acquired_at=now, expires_at=now + self.duration_s)
+            taken = cast(  # an UPDATE's result is a cursor's (the session types it as Result)
+                "CursorResult[Any]",
+                s.execute(
+                    update(RunnerLease)
+                    .where(
+                        RunnerLease.cluster == self.cluster,
+                        or_(RunnerLease.holder == self.holder, RunnerLease.expires_at < now),
+                    )
+                    .values(holder=self.holder, acquired_at=now, expires_at=now + self.duration_s)
+                ),
             ).rowcount
         if not taken:
             try:
@@ -86,10 +90,13 @@ class Lease:
         """Extend the lease; `LeaseLost` when another runner holds it now."""
         now = time.time()
         with self.sessions.begin() as s:
-            kept = s.execute(
-                update(RunnerLease)
-                .where(RunnerLease.cluster == self.cluster, RunnerLease.holder == self.holder)
-                .values(expires_at=now + self.duration_s)
+            kept = cast(
+                "CursorResult[Any]",
+                s.execute(
+                    update(RunnerLease)
+                    .where(RunnerLease.cluster == self.cluster, RunnerLease.holder == self.holder)
+                    .values(expires_at=now + self.duration_s)
+                ),
             ).rowcount
         if not kept:
             self.renewed_at = 0.0

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.cluster import retryable
-from nas_service.db import TrialRun
+from nas_service.db import RunState, TrialOutcome, TrialRun
 from nas_service.failures import describe
 from nas_service.search import (
     ATTR_CURVE,
@@ -55,6 +55,39 @@ class Flight:
     results: list[TrainResult] = field(default_factory=list)
 
 
+def conclude(
+    study: optuna.Study,
+    trial: optuna.Trial | FrozenTrial,
+    outcome: TrialOutcome,
+    reason: str,
+    state: TrialState | None = None,
+    values: list[float] | None = None,
+    attrs: dict[str, Any] | None = None,
+) -> None:
+    """The one way a trial is concluded, by the runner and by recovery alike: its other
+    attributes, its outcome and reason, then the state (or the objective values) told to the
+    study. A trial concluded already (a retry after an outage, a recovery) is left as it is."""
+    try:
+        for key, value in ((attrs or {}) | {ATTR_OUTCOME: str(outcome)}).items():
+            _set_attr(study, trial, key, value)
+        if reason:
+            _set_attr(study, trial, ATTR_REASON, reason)
+        study.tell(trial if isinstance(trial, optuna.Trial) else trial.number, values, state=state)
+    except optuna.exceptions.UpdateFinishedTrialError as exc:
+        log.info("trial %d was concluded already: %s", trial.number, exc)
+    except ValueError as exc:
+        if not str(exc).startswith("Cannot tell a"):
+            raise
+        log.info("trial %d was concluded already: %s", trial.number, exc)
+
+
+def _set_attr(study: optuna.Study, trial: optuna.Trial | FrozenTrial, key: str, value: Any) -> None:
+    if isinstance(trial, optuna.Trial):
+        trial.set_user_attr(key, value)
+    else:  # a trial of a stopped runner, read back from the storage
+        study._storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
 class TrialOutcomes:
     """What the runner does with one trial, given its sessions, settings and flights."""
 
@@ -92,7 +125,8 @@ class TrialOutcomes:
 
         assert flight.priced.train_spec is not None
         spec = flight.priced.train_spec.replace(seed=flight.seed)
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        gpus = 1 if resources.get("GPU", 0) >= 1 else 0
         cpus = spec.threads or 1
         flight.points = []
         flight.gen = train_streaming.options(num_cpus=cpus, num_gpus=gpus).remote(spec)
@@ -102,36 +136,23 @@ class TrialOutcomes:
         self,
         study: optuna.Study,
         trial: optuna.Trial,
-        outcome: str,
+        outcome: TrialOutcome,
         reason: str,
         state: TrialState | None = None,
         values: list[float] | None = None,
-        **attrs: Any,
+        attrs: dict[str, Any] | None = None,
     ) -> None:
-        """The one way a trial is concluded: its outcome, reason and other attributes, then
-        the state (or the objective values) told to the study."""
-        try:
-            for key, value in attrs.items():
-                trial.set_user_attr(key, value)
-            trial.set_user_attr(ATTR_OUTCOME, outcome)
-            if reason:
-                trial.set_user_attr(ATTR_REASON, reason)
-            study.tell(trial, values, state=state)
-        except optuna.exceptions.UpdateFinishedTrialError as exc:
-            log.info("trial %d was concluded already: %s", trial.number, exc)
-        except ValueError as exc:  # told already (a retry after an outage, a recovery)
-            if not str(exc).startswith("Cannot tell a"):
-                raise
-            log.info("trial %d was concluded already: %s", trial.number, exc)
+        """Conclude a trial of a flight (see `conclude`)."""
+        conclude(study, trial, outcome, reason, state, values, attrs)
 
-    def _close_run(self, run_id: int, state: str, reason: str) -> None:
+    def _close_run(self, run_id: int, state: RunState, reason: str) -> None:
         with self.Session.begin() as s:
             run = s.get(TrialRun, run_id)
-            if run is not None and run.state == "running":
+            if run is not None and run.state == RunState.RUNNING:
                 run.state, run.reason = state, reason
                 run.finished_at = dt.datetime.now(dt.UTC)
 
-    def _finish_run(self, flight: Flight, state: str, reason: str) -> None:
+    def _finish_run(self, flight: Flight, state: RunState, reason: str) -> None:
         self._close_run(flight.run_id, state, reason)
         if flight in self.flights:
             self.flights.remove(flight)
@@ -165,8 +186,15 @@ class TrialOutcomes:
             return
         self._stop_task(flight)
         curve = curve_rows(flight.points)
-        self._tell(flight.study, trial, "pruned", reason, TrialState.PRUNED, **{ATTR_CURVE: curve})
-        self._finish_run(flight, "pruned", reason)
+        self._tell(
+            flight.study,
+            trial,
+            TrialOutcome.PRUNED,
+            reason,
+            TrialState.PRUNED,
+            attrs={ATTR_CURVE: curve},
+        )
+        self._finish_run(flight, RunState.PRUNED, reason)
 
     def _on_result(self, flight: Flight, result: TrainResult) -> None:
         trial = flight.trial
@@ -174,9 +202,16 @@ class TrialOutcomes:
             flight.results.append(result)
         train = [train_summary(r) for r in flight.results]
         if result.status == "diverged":  # recorded, never retried
-            attrs = {ATTR_TRAIN: train, ATTR_CURVE: curve_rows(result.curve)}
-            self._tell(flight.study, trial, "diverged", result.reason, TrialState.FAIL, **attrs)
-            self._finish_run(flight, "diverged", result.reason)
+            attrs: dict[str, Any] = {ATTR_TRAIN: train, ATTR_CURVE: curve_rows(result.curve)}
+            self._tell(
+                flight.study,
+                trial,
+                TrialOutcome.DIVERGED,
+                result.reason,
+                TrialState.FAIL,
+                attrs=attrs,
+            )
+            self._finish_run(flight, RunState.DIVERGED, result.reason)
             return
         if flight.seed + 1 < flight.spec.seeds:
             flight.seed += 1
@@ -190,18 +225,18 @@ class TrialOutcomes:
             ATTR_CURVE: curve_rows(flight.results[0].curve),
             "val_loss_seeds": stats | {"values": losses},
         }
-        self._tell(flight.study, trial, "completed", "", values=values, **attrs)
-        self._finish_run(flight, "completed", "")
+        self._tell(flight.study, trial, TrialOutcome.COMPLETED, "", values=values, attrs=attrs)
+        self._finish_run(flight, RunState.COMPLETED, "")
 
     def _fail(self, flight: Flight, reason: str) -> None:
-        self._tell(flight.study, flight.trial, "failed", reason, TrialState.FAIL)
-        self._finish_run(flight, "failed", reason)
+        self._tell(flight.study, flight.trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
+        self._finish_run(flight, RunState.FAILED, reason)
         self._event(flight.job_id, "trial_failed", f"trial {flight.trial.number}: {reason}")
 
     def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
         reason = describe(exc)
         if retryable(exc) and flight.attempt < MAX_ATTEMPTS:
-            self._close_run(flight.run_id, "lost", reason)
+            self._close_run(flight.run_id, RunState.LOST, reason)
             flight.attempt += 1
             flight.run_id = self._new_run(
                 flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
@@ -224,11 +259,11 @@ class TrialOutcomes:
         except Exception as exc:  # already finished or its worker gone: nothing to stop
             log.debug("cancel of trial %d: %s", flight.trial.number, exc)
 
-    def _cancel_flights(self, job_id: str, outcome: str, reason: str) -> None:
+    def _cancel_flights(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
         for flight in [f for f in self.flights if f.job_id == job_id]:
             self._stop_task(flight)
             self._tell(flight.study, flight.trial, outcome, reason, TrialState.FAIL)
-            self._finish_run(flight, "failed", reason)
+            self._finish_run(flight, RunState.FAILED, reason)
 
     def _abandon_flights(self) -> None:
         """Stop every task without telling anything (the lease holder recovers them)."""

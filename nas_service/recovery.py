@@ -23,13 +23,19 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import Job, JobEvent, TrialRun
+from nas_service.db import Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
+from nas_service.outcomes import conclude
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON
 
 log = logging.getLogger(__name__)
 
 _FINISHED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-_RUN_STATE = {"completed": "completed", "pruned": "pruned", "diverged": "diverged"}
+#: The run state of a trial told before its runner stopped (any other outcome: failed).
+_RUN_STATE: dict[str, RunState] = {
+    TrialOutcome.COMPLETED: RunState.COMPLETED,
+    TrialOutcome.PRUNED: RunState.PRUNED,
+    TrialOutcome.DIVERGED: RunState.DIVERGED,
+}
 
 ATTR_RETRY_OF = "ds_retry_of"
 ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
@@ -38,10 +44,10 @@ ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
 def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
     """This cluster's running jobs, and its finished jobs that still have a run open."""
     with sessions() as s:
-        open_runs = select(TrialRun.job_id).where(TrialRun.state == "running")
+        open_runs = select(TrialRun.job_id).where(TrialRun.state == RunState.RUNNING)
         jobs = s.scalars(
             select(Job).where(
-                or_(Job.status == "running", Job.id.in_(open_runs)),
+                or_(Job.status == JobStatus.RUNNING, Job.id.in_(open_runs)),
             )
         ).all()
         return [j for j in jobs if j.spec.get("cluster") == cluster]
@@ -54,7 +60,7 @@ def _progress_since(s: Session, started: dt.datetime | None) -> bool:
     finished = s.scalar(
         select(func.count())
         .select_from(TrialRun)
-        .where(TrialRun.state != "lost", TrialRun.finished_at > when)
+        .where(TrialRun.state != RunState.LOST, TrialRun.finished_at > when)
     )
     return bool(finished)
 
@@ -62,7 +68,6 @@ def _progress_since(s: Session, started: dt.datetime | None) -> bool:
 def recover_job(
     job: Job,
     study: optuna.Study,
-    storage: optuna.storages.BaseStorage,
     sessions: sessionmaker[Session],
     max_suspect: int,
     event: Callable[[str, str, str, dict[str, Any] | None], None],
@@ -70,7 +75,7 @@ def recover_job(
     """Conclude `job`'s trials left RUNNING; returns how many were re-enqueued."""
     left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     requeued, poisoned = 0, []
-    if job.status == "running":
+    if job.status == JobStatus.RUNNING:
         retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in study.get_trials(deepcopy=False)}
         for t in left:
             with sessions() as s:
@@ -80,35 +85,45 @@ def recover_job(
                     f"poisoned: the runner stopped {suspect} times in a row while this "
                     "candidate ran, with no other trial finishing in between"
                 )
-                _tell(storage, study, t, "failed", reason, lost=False)
+                conclude(study, t, TrialOutcome.FAILED, reason, TrialState.FAIL)
                 poisoned.append(t.number)
                 continue
             if t.number not in retried:
                 study.enqueue_trial(
                     dict(t.params), user_attrs={ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect}
                 )
-            _tell(storage, study, t, "lost", "the runner stopped while it ran", lost=True)
+            conclude(
+                study,
+                t,
+                TrialOutcome.LOST,
+                "the runner stopped while it ran",
+                TrialState.FAIL,
+                attrs={ATTR_LOST: True},
+            )
             requeued += 1
-        run_state, run_reason = "lost", "the runner stopped while it ran"
+        run_state, run_reason = RunState.LOST, "the runner stopped while it ran"
     else:
-        outcome = "cancelled" if job.status == "cancelled" else "failed"
+        cancelled = job.status == JobStatus.CANCELLED
+        outcome = TrialOutcome.CANCELLED if cancelled else TrialOutcome.FAILED
         for t in left:
-            _tell(storage, study, t, outcome, f"job {job.status} while no runner was alive")
-        run_state, run_reason = "failed", f"job {job.status}"
+            reason = f"job {job.status} while no runner was alive"
+            conclude(study, t, outcome, reason, TrialState.FAIL)
+        run_state, run_reason = RunState.FAILED, f"job {job.status}"
     left_numbers = {t.number for t in left}
     concluded = {
         t.number: t for t in study.get_trials(deepcopy=False, states=_FINISHED)
     }  # told before the runner stopped, its run row not closed yet
     with sessions.begin() as s:
         for run in s.scalars(
-            select(TrialRun).where(TrialRun.job_id == job.id, TrialRun.state == "running")
+            select(TrialRun).where(TrialRun.job_id == job.id, TrialRun.state == RunState.RUNNING)
         ):
             run.finished_at = dt.datetime.now(dt.UTC)
             if run.trial_number in poisoned:
-                run.state, run.reason = "failed", "poisoned"
+                run.state, run.reason = RunState.FAILED, "poisoned"
             elif run.trial_number in concluded and run.trial_number not in left_numbers:
                 t = concluded[run.trial_number]
-                run.state = _RUN_STATE.get(str(t.user_attrs.get(ATTR_OUTCOME)), "failed")
+                told = str(t.user_attrs.get(ATTR_OUTCOME))
+                run.state = _RUN_STATE.get(told, RunState.FAILED)
                 run.reason = str(t.user_attrs.get(ATTR_REASON, ""))
             else:
                 run.state, run.reason = run_state, run_reason
@@ -121,7 +136,7 @@ def recover_job(
             f"trials {', '.join(map(str, poisoned))} failed: the runner stopped while each ran",
             {"trials": poisoned},
         )
-    if left and job.status != "running":
+    if left and job.status != JobStatus.RUNNING:
         event(
             job.id, "concluded", f"{len(left)} trials left running concluded as {job.status}", None
         )
@@ -131,21 +146,6 @@ def recover_job(
 def _suspect(t: FrozenTrial) -> int:
     value = t.user_attrs.get(ATTR_SUSPECT, 0)
     return value if isinstance(value, int) else 0
-
-
-def _tell(
-    storage: optuna.storages.BaseStorage,
-    study: optuna.Study,
-    t: FrozenTrial,
-    outcome: str,
-    reason: str,
-    lost: bool = False,
-) -> None:
-    if lost:
-        storage.set_trial_user_attr(t._trial_id, ATTR_LOST, True)
-    storage.set_trial_user_attr(t._trial_id, ATTR_OUTCOME, outcome)
-    storage.set_trial_user_attr(t._trial_id, ATTR_REASON, reason)
-    study.tell(t.number, state=TrialState.FAIL)
 
 
 def record_event(sessions: sessionmaker[Session]) -> Callable[..., None]:

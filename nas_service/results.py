@@ -1,21 +1,27 @@
 """A job's results as a table: one row per Optuna trial with its parameters, architecture,
 every metric (the measured loss and each cost), outcome and curve — what the trial, Pareto,
 optimum and scaling queries read. Loaded once per job and refreshed only when the study
-changed (a cheap fingerprint query on Optuna's own tables), so queries stay fast at 10,000
-trials."""
+changed, through Optuna's storage API alone (never SQL on its tables), so queries stay fast
+at 10,000 trials.
+
+The fingerprint rests on two facts of Optuna's storage: trial numbers are 0, 1, 2, … in
+order of creation, and a finished trial never changes. So a table of n trials is current
+while trial n does not exist (one indexed lookup) and its unfinished trials are unfinished
+still, in the same state (the study's running and waiting trials: at most a job's
+`max_concurrent`, plus the re-enqueued)."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import optuna
-from optuna.trial import TrialState
-from sqlalchemy import text
+from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.analysis import (
     compute_multiplier,
@@ -23,22 +29,29 @@ from nas_service.analysis import (
     fit_scaling,
     pareto_front,
 )
-from nas_service.search import ATTR_LOST
+from nas_service.db import TrialOutcome, TrialStatus
+from nas_service.search import ATTR_LOST, ATTR_OUTCOME
+
+T = TypeVar("T")
 
 STATE_NAMES = {
-    TrialState.COMPLETE: "complete",
-    TrialState.PRUNED: "pruned",
-    TrialState.FAIL: "failed",
-    TrialState.RUNNING: "running",
-    TrialState.WAITING: "waiting",
+    TrialState.COMPLETE: TrialStatus.COMPLETE,
+    TrialState.PRUNED: TrialStatus.PRUNED,
+    TrialState.FAIL: TrialStatus.FAILED,
+    TrialState.RUNNING: TrialStatus.RUNNING,
+    TrialState.WAITING: TrialStatus.WAITING,
 }
+_UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
+#: A table's fingerprint: (its number of trials, whether trial n exists, its unfinished
+#: trials as (storage id, state)).
+Fingerprint = tuple[int, bool, tuple[tuple[int, str], ...]]
 
 
 @dataclass
 class TrialRow:
     number: int
-    state: str
-    outcome: str
+    state: TrialStatus
+    outcome: TrialOutcome | str  # "" for a trial finished without an outcome (not the runner's)
     reason: str
     params: dict[str, Any]
     arch: dict[str, Any]
@@ -50,6 +63,9 @@ class TrialRow:
     duration_s: float | None
     budget: float | None = None  # FLOPs or tokens the trial was trained with
     trial_id: int = -1  # Optuna's storage id (for incremental refreshes)
+
+    def __post_init__(self) -> None:
+        self.state = TrialStatus(self.state)  # a plain string of the vocabulary is taken too
 
     @property
     def variant(self) -> str:
@@ -75,7 +91,17 @@ class TrialRow:
         return out
 
 
-def _row(t: optuna.trial.FrozenTrial, objectives: list[str], budget: float | None) -> TrialRow:
+def _outcome(t: FrozenTrial) -> TrialOutcome | str:
+    value = t.user_attrs.get(ATTR_OUTCOME)
+    if value is None:
+        return TrialOutcome.RUNNING if t.state == TrialState.RUNNING else ""
+    try:
+        return TrialOutcome(value)
+    except ValueError:  # written by something else than this service
+        return str(value)
+
+
+def _row(t: FrozenTrial, objectives: list[str], budget: float | None) -> TrialRow:
     attrs = t.user_attrs
     metrics = dict(attrs.get("costs", {}))
     train = attrs.get("train", [])
@@ -89,8 +115,8 @@ def _row(t: optuna.trial.FrozenTrial, objectives: list[str], budget: float | Non
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
     return TrialRow(
         number=t.number,
-        state=STATE_NAMES.get(t.state, t.state.name.lower()),
-        outcome=str(attrs.get("outcome", "running" if t.state == TrialState.RUNNING else "")),
+        state=STATE_NAMES[t.state],
+        outcome=_outcome(t),
         reason=str(attrs.get("reason", "")),
         params=dict(t.params),
         arch=dict(attrs.get("arch", {})),
@@ -110,17 +136,25 @@ class JobResults:
     study_name: str
     objectives: list[str]
     rows: list[TrialRow] = field(default_factory=list)
-    fingerprint: tuple[Any, ...] = ()
     memo: dict[Any, Any] = field(default_factory=dict)  # query answers for this fingerprint
 
-    def memoised(self, key: Any, compute: Any) -> Any:
+    @property
+    def fingerprint(self) -> Fingerprint:
+        return (len(self.rows), False, _unfinished(self.rows))
+
+    def memoised(self, key: Any, compute: Callable[[], T]) -> T:
         """The answer to a query, computed once per state of the study."""
         if key not in self.memo:
             self.memo[key] = compute()
-        return self.memo[key]
+        value: T = self.memo[key]
+        return value
 
     def counted(self) -> list[TrialRow]:
-        return [r for r in self.rows if not r.lost and r.state in ("complete", "pruned", "failed")]
+        return [r for r in self.rows if not r.lost and r.state.finished]
+
+
+def _unfinished(rows: list[TrialRow]) -> tuple[tuple[int, str], ...]:
+    return tuple(sorted((r.trial_id, str(r.state)) for r in rows if not r.state.finished))
 
 
 class ResultsCache:
@@ -131,18 +165,19 @@ class ResultsCache:
         self.fresh_s = fresh_s
         self._cache: dict[str, JobResults] = {}
         self._study_ids: dict[str, int] = {}
-        self._checked: dict[str, tuple[float, tuple[Any, ...]]] = {}
+        self._checked: dict[str, tuple[float, Fingerprint]] = {}
         self._recent: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
 
-    def recent(self, key: Any, compute: Any) -> Any:
+    def recent(self, key: Any, compute: Callable[[], T]) -> T:
         """`compute()`, reused for `fresh_s` seconds per key (a job's row, say: pollers
         asking many times a second cost the database one read per `fresh_s`). An exception
         is never kept."""
         now = time.monotonic()
         hit = self._recent.get(key)
         if hit is not None and now - hit[0] < self.fresh_s:
-            return hit[1]
+            kept: T = hit[1]
+            return kept
         value = compute()
         if self.fresh_s > 0:
             if len(self._recent) >= 10_000:  # bounded: stale entries go first
@@ -153,10 +188,15 @@ class ResultsCache:
     def forget(self, key: Any) -> None:
         self._recent.pop(key, None)
 
-    def _fingerprint(self, study_name: str) -> tuple[Any, ...]:
-        """Changes whenever a trial is added, finishes or changes state (one indexed query
-        on Optuna's `trials` table). A fingerprint read less than `fresh_s` ago is reused:
-        many clients polling one job then cost the database one query per `fresh_s`."""
+    def _study_id(self, study_name: str) -> int:
+        if study_name not in self._study_ids:
+            self._study_ids[study_name] = self.storage.get_study_id_from_name(study_name)
+        return self._study_ids[study_name]
+
+    def _fingerprint(self, study_name: str) -> Fingerprint:
+        """Changes whenever a trial is added, finishes or changes state. A fingerprint read
+        less than `fresh_s` ago is reused: many clients polling one job then cost the
+        database one read per `fresh_s`."""
         now = time.monotonic()
         checked = self._checked.get(study_name)
         if checked is not None and now - checked[0] < self.fresh_s:
@@ -165,20 +205,29 @@ class ResultsCache:
         self._checked[study_name] = (now, fp)
         return fp
 
-    def _read_fingerprint(self, study_name: str) -> tuple[Any, ...]:
-        if study_name not in self._study_ids:
-            self._study_ids[study_name] = self.storage.get_study_id_from_name(study_name)
-        with self.storage.engine.connect() as conn:
-            row = conn.execute(
-                text(
-                    "SELECT count(trial_id), max(trial_id), max(datetime_complete), "
-                    "sum(CASE WHEN state = 'COMPLETE' THEN 1 ELSE 0 END), "
-                    "sum(CASE WHEN state = 'RUNNING' THEN 1 ELSE 0 END) "
-                    "FROM trials WHERE study_id = :sid"
-                ),
-                {"sid": self._study_ids[study_name]},
-            ).one()
-        return tuple(str(v) for v in row)
+    def _read_fingerprint(self, study_name: str) -> Fingerprint:
+        """The study's fingerprint as seen from the cached table: whether trial n (the
+        table's count) exists, and the states of the study's unfinished trials (read only
+        when the table has some, or a new trial appeared: else none can exist)."""
+        sid = self._study_id(study_name)
+        with self._lock:
+            cached = self._cache.get(study_name)
+        n = len(cached.rows) if cached is not None else 0
+        more = self._trial_id(sid, n) is not None
+        if cached is not None and not more and not _unfinished(cached.rows):
+            return (n, False, ())
+        unfinished = self.storage.get_all_trials(sid, deepcopy=False, states=_UNFINISHED)
+        return (
+            n,
+            more,
+            tuple(sorted((t._trial_id, str(STATE_NAMES[t.state])) for t in unfinished)),
+        )
+
+    def _trial_id(self, study_id: int, number: int) -> int | None:
+        try:
+            return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        except KeyError:
+            return None
 
     def get(
         self, study_name: str, objectives: list[str], budget: float | None = None
@@ -190,33 +239,51 @@ class ResultsCache:
             cached = self._cache.get(study_name)
         if cached is not None and cached.fingerprint == fp:
             return cached
-        refetch: set[int] = set()
-        if cached is not None:
-            known = max((r.trial_id for r in cached.rows), default=-1)
-            with self.storage.engine.connect() as conn:
-                refetch = set(
-                    conn.execute(
-                        text(
-                            "SELECT trial_id FROM trials "
-                            "WHERE study_id = :sid AND trial_id > :known"
-                        ),
-                        {"sid": self._study_ids[study_name], "known": known},
-                    ).scalars()
-                )
-            refetch |= {r.trial_id for r in cached.rows if r.state in ("running", "waiting")}
-        # one query per changed trial beats reloading everything only while few changed
-        if cached is None or len(refetch) > max(100, len(cached.rows) // 10):
-            study = optuna.load_study(study_name=study_name, storage=self.storage)
-            rows = [_row(t, objectives, budget) for t in study.get_trials(deepcopy=False)]
-        else:
-            by_id = {r.trial_id: r for r in cached.rows}
-            for trial_id in refetch:
-                by_id[trial_id] = _row(self.storage.get_trial(trial_id), objectives, budget)
-            rows = sorted(by_id.values(), key=lambda r: r.number)
-        results = JobResults(study_name, objectives, rows, fp)
+        read_at = time.monotonic()
+        rows = self._refresh(study_name, cached, objectives, budget)
+        results = JobResults(study_name, objectives, rows)
         with self._lock:
             self._cache[study_name] = results
+        self._checked[study_name] = (read_at, results.fingerprint)  # current as of its read
         return results
+
+    def _refresh(
+        self,
+        study_name: str,
+        cached: JobResults | None,
+        objectives: list[str],
+        budget: float | None,
+    ) -> list[TrialRow]:
+        """The rows now: those of `cached` that were finished, the study's unfinished ones
+        (one read), those finished since, and the new ones (one lookup per number past the
+        table's, one read each) — or everything read again when more than a tenth changed."""
+        sid = self._study_id(study_name)
+        if cached is None:
+            return self._load_all(sid, objectives, budget)
+        limit = max(100, len(cached.rows) // 10)
+        by_id = {r.trial_id: r for r in cached.rows}
+        unfinished = self.storage.get_all_trials(sid, deepcopy=False, states=_UNFINISHED)
+        fresh = {t._trial_id: t for t in unfinished}
+        refetch = [r.trial_id for r in cached.rows if not r.state.finished]
+        refetch = [i for i in refetch if i not in fresh]  # finished since the last read
+        number = len(cached.rows)
+        while (trial_id := self._trial_id(sid, number)) is not None:  # numbers: 0, 1, 2, …
+            if trial_id not in fresh:
+                refetch.append(trial_id)
+            number += 1
+            if len(refetch) > limit:  # one read of everything beats this many
+                return self._load_all(sid, objectives, budget)
+        for trial_id in refetch:
+            fresh[trial_id] = self.storage.get_trial(trial_id)
+        for trial_id, trial in fresh.items():
+            by_id[trial_id] = _row(trial, objectives, budget)
+        return sorted(by_id.values(), key=lambda r: r.number)
+
+    def _load_all(
+        self, study_id: int, objectives: list[str], budget: float | None
+    ) -> list[TrialRow]:
+        trials = self.storage.get_all_trials(study_id, deepcopy=False)
+        return sorted((_row(t, objectives, budget) for t in trials), key=lambda r: r.number)
 
 
 # -- queries ----------------------------------------------------------------------------------

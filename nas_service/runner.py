@@ -36,7 +36,16 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 
 from nas_service.cluster import connect_ray, largest_node, shutdown_ray
-from nas_service.db import Job, JobEvent, make_engine, make_sessionmaker, upgrade
+from nas_service.db import (
+    Job,
+    JobEvent,
+    JobStatus,
+    RunState,
+    TrialOutcome,
+    make_engine,
+    make_sessionmaker,
+    upgrade,
+)
 from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
 from nas_service.lease import Lease, LeaseLost
@@ -129,7 +138,6 @@ class Runner(TrialOutcomes):
             requeued += recover_job(
                 job,
                 study,
-                self.storage,
                 self.Session,
                 self.settings.max_trial_recoveries,
                 self._event,
@@ -233,11 +241,11 @@ class Runner(TrialOutcomes):
         """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
         with self.Session() as s:
             jobs = [j for j in active_jobs(s) if j.spec.get("cluster") == self.cluster]
-            cancelled = set(s.scalars(select(Job.id).where(Job.status == "cancelled"))) & {
+            cancelled = set(s.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLED))) & {
                 f.job_id for f in self.flights
             }
         for job_id in cancelled:
-            self._cancel_flights(job_id, "cancelled", "job cancelled")
+            self._cancel_flights(job_id, TrialOutcome.CANCELLED, "job cancelled")
         for job in jobs:
             try:
                 self._schedule_job(job)
@@ -250,12 +258,12 @@ class Runner(TrialOutcomes):
     def _schedule_job(self, job: Job) -> None:
         active = self._job(job)
         spec, study = active.spec, active.study
-        if job.status == "pending":
+        if job.status == JobStatus.PENDING:
             self._check_resources(spec)
             with self.Session.begin() as s:
                 row = s.get(Job, job.id)
                 assert row is not None
-                row.status, row.started_at = "running", dt.datetime.now(dt.UTC)
+                row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
                 row.events.append(JobEvent(kind="started", message=f"on cluster {self.cluster}"))
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
@@ -271,7 +279,7 @@ class Runner(TrialOutcomes):
             with self.Session.begin() as s:
                 row = s.get(Job, job.id)
                 assert row is not None
-                row.status, row.finished_at = "completed", dt.datetime.now(dt.UTC)
+                row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
                 row.events.append(JobEvent(kind="completed", message=f"{done} trials"))
             self.jobs.pop(job.id, None)
 
@@ -295,11 +303,11 @@ class Runner(TrialOutcomes):
             return
         if not fatal:
             reason = f"{self.errors[job_id]} errors while running its trials; the last: {reason}"
-        self._cancel_flights(job_id, "failed", "job failed")
+        self._cancel_flights(job_id, TrialOutcome.FAILED, "job failed")
         with self.Session.begin() as s:
             row = s.get(Job, job_id)
-            if row is not None and row.status in ("pending", "running"):
-                row.status, row.error = "failed", reason
+            if row is not None and row.status.active:
+                row.status, row.error = JobStatus.FAILED, reason
                 row.finished_at = dt.datetime.now(dt.UTC)
                 row.events.append(JobEvent(kind="failed", message=reason))
         self.jobs.pop(job_id, None)
@@ -318,8 +326,9 @@ class Runner(TrialOutcomes):
             if priced.arch_dict is not None:
                 trial.set_user_attr(ATTR_ARCH, priced.arch_dict)
             trial.set_user_attr(ATTR_COSTS, priced.metrics)
-            if priced.outcome != "train":
-                self._tell(study, trial, priced.outcome, priced.reason, TrialState.PRUNED)
+            if priced.outcome != "train":  # infeasible or over a constraint: never trained
+                outcome = TrialOutcome(priced.outcome)
+                self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)
                 self._drop_run(run_id)  # never trained: no attempt to record
                 return None
             flight = Flight(job_id, spec, study, trial, priced, run_id)
@@ -328,9 +337,9 @@ class Runner(TrialOutcomes):
             if is_database_outage(exc):
                 raise
             reason = f"the runner could not start this trial: {describe(exc)}"
-            self._tell(study, trial, "failed", reason, TrialState.FAIL)
+            self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
             self._update_run(run_id, trial.number)
-            self._close_run(run_id, "failed", reason)
+            self._close_run(run_id, RunState.FAILED, reason)
             self._event(job_id, "trial_failed", f"trial {trial.number}: {reason}")
             self._job_error(job_id, exc)
             return None

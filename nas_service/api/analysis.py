@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import re
-import tempfile
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from cost_model import VARIANTS
-from nas_service import analysis
+from cost_model import Variant
+from nas_service import queries
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
-from nas_service.api.jobs import JOB_ERRORS, job_results, read_job_row
+from nas_service.api.jobs import JOB_ERRORS
 from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import OptimumRead, ParetoRead, ScalingRead
-from nas_service.results import optimum_by_variant, pareto_rows, scaling_by_variant
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)
@@ -52,11 +49,6 @@ def _metrics_pattern() -> str:
 METRICS_PATTERN = _metrics_pattern()
 
 
-def check_variant(variant: str | None) -> None:
-    if variant is not None and variant not in VARIANTS:
-        raise ApiError(422, f"unknown variant {variant!r}", "variant")
-
-
 MetricsQuery = Annotated[
     str,
     Query(
@@ -64,7 +56,6 @@ MetricsQuery = Annotated[
         json_schema_extra={"pattern": METRICS_PATTERN},
     ),
 ]
-Variant = Literal[VARIANTS]  # type: ignore[valid-type]
 
 
 @router.get("/{job_id}/pareto", response_model=ParetoRead, responses=JOB_ERRORS)
@@ -75,22 +66,7 @@ def pareto(
     metrics: MetricsQuery,
     variant: Variant | None = None,
 ) -> ParetoRead:
-    names = parse_metrics(metrics)
-    check_variant(variant)
-    results = job_results(cache, read_job_row(session, cache, job_id))
-
-    def answer() -> ParetoRead:
-        front, candidates = pareto_rows(results, names, variant)
-        front.sort(key=lambda r: [r.metrics[m] for m in names])
-        return ParetoRead(
-            metrics=names,
-            variant=variant,
-            n_candidates=len(candidates),
-            front=[r.as_dict() for r in front],
-        )
-
-    read: ParetoRead = results.memoised(("pareto", tuple(names), variant), answer)
-    return read
+    return queries.pareto(session, cache, job_id, parse_metrics(metrics), variant)
 
 
 @router.get("/{job_id}/optimum", response_model=OptimumRead, responses=JOB_ERRORS)
@@ -100,11 +76,7 @@ def optimum(
     cache: ResultsDep,
     bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
 ) -> OptimumRead:
-    results = job_results(cache, read_job_row(session, cache, job_id))
-    fits = results.memoised(("optimum", bootstrap), lambda: optimum_by_variant(results, bootstrap))
-    return OptimumRead(
-        job_id=job_id, fits=[{k: v for k, v in f.items() if not k.startswith("_")} for f in fits]
-    )
+    return queries.optimum(session, cache, job_id, bootstrap)
 
 
 @router.get("/{job_id}/scaling", response_model=ScalingRead, responses=JOB_ERRORS)
@@ -115,18 +87,7 @@ def scaling(
     reference: Variant | None = None,
     loss: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
 ) -> ScalingRead:
-    check_variant(reference)
-    out = scaling_by_variant(
-        job_results(cache, read_job_row(session, cache, job_id)), reference, loss
-    )
-    return ScalingRead(job_id=job_id, **out)
-
-
-def _png(draw) -> Response:  # type: ignore[no-untyped-def]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "plot.png"
-        draw(str(path))
-        return Response(path.read_bytes(), media_type="image/png")
+    return queries.scaling(session, cache, job_id, reference, loss)
 
 
 @router.get("/{job_id}/plots/pareto.png", response_class=Response, responses=PNG)
@@ -137,37 +98,10 @@ def pareto_plot(
     metrics: MetricsQuery,
     variant: Variant | None = None,
 ) -> Response:
-    names = parse_metrics(metrics)[:2]
-    check_variant(variant)
-    front, candidates = pareto_rows(
-        job_results(cache, read_job_row(session, cache, job_id)), names, variant
-    )
-    if not candidates:
-        raise ApiError(409, "no trial has these metrics yet", "metrics")
-    index = {id(r): i for i, r in enumerate(candidates)}
-    return _png(
-        lambda path: analysis.plot_pareto(
-            [r.metrics[names[1]] for r in candidates],
-            [r.metrics[names[0]] for r in candidates],
-            [index[id(r)] for r in front],
-            [r.variant for r in candidates],
-            names[1],
-            names[0],
-            path,
-        )
-    )
+    png = queries.pareto_png(session, cache, job_id, parse_metrics(metrics), variant)
+    return Response(png, media_type="image/png")
 
 
 @router.get("/{job_id}/plots/optimum.png", response_class=Response, responses=PNG)
 def optimum_plot(job_id: str, session: SessionDep, cache: ResultsDep) -> Response:
-    fits = optimum_by_variant(job_results(cache, read_job_row(session, cache, job_id)), 100)
-    if not fits:
-        raise ApiError(409, "no trained trial yet", "job_id")
-    several = len({f["budget"] for f in fits}) > 1
-
-    def label(f: dict[str, Any]) -> str:
-        return f"{f['variant']} @ {f['budget']:.3g}" if several else str(f["variant"])
-
-    data = {label(f): f["_data"] for f in fits}
-    fit_map = {label(f): f["_fit"] for f in fits}
-    return _png(lambda path: analysis.plot_optimum(data, fit_map, path))
+    return Response(queries.optimum_png(session, cache, job_id), media_type="image/png")

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
+import anyio
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
@@ -40,6 +41,10 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
             pool_timeout=settings.db_pool_timeout_s,
         )
         app.state.sessions = make_sessionmaker(engine)
+        # the threads that end request transactions: one per connection the pool can lend
+        app.state.session_threads = anyio.CapacityLimiter(
+            max(1, settings.db_pool_size + settings.db_max_overflow)
+        )
         app.state.results = ResultsCache(
             optuna_storage(settings.database_url, settings), fresh_s=settings.results_fresh_s
         )

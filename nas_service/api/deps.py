@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from typing import Annotated
 
+import anyio
+from anyio.to_thread import run_sync
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
+from nas_service.db import commit, roll_back
 from nas_service.results import ResultsCache
 from nas_service.settings import Settings
 
@@ -31,9 +34,28 @@ def get_session_factory(request: Request) -> sessionmaker[Session]:
     return factory
 
 
-def get_session(request: Request) -> Iterator[Session]:
-    with request.app.state.sessions() as session:
-        yield session
+async def get_session(request: Request) -> AsyncIterator[Session]:
+    """One session per request, one transaction: committed when the route returns (before
+    the response is sent, so a failed commit is the response), rolled back when it raises.
+    The service functions it is handed to never commit.
+
+    The commit, rollback and close run in threads of their own (`app.state.session_threads`,
+    one per pooled connection), never queued behind the routes: a route waiting for the
+    submission lock must not hold up the commit that releases it."""
+    threads: anyio.CapacityLimiter = request.app.state.session_threads
+    session: Session = request.app.state.sessions()
+    try:
+        try:
+            yield session
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await run_sync(roll_back, session, limiter=threads)
+            raise
+        with anyio.CancelScope(shield=True):
+            await run_sync(commit, session, limiter=threads)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await run_sync(session.close, limiter=threads)
 
 
 def get_results(request: Request) -> ResultsCache:
@@ -68,6 +90,8 @@ def require_token(
 
 
 SettingsDep = Annotated[Settings, Depends(get_app_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+#: `scope="function"`: the dependency ends (commits) when the route returns, before the
+#: response is sent.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 ResultsDep = Annotated[ResultsCache, Depends(get_results)]

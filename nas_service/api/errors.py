@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from cost_model import CostInputError
 from nas_service.failures import is_database_outage
 from nas_service.jobs import JobLimitError, JobNotFound, JobStateError
+from nas_service.queries import NothingYet
 from nas_service.spec import SpecError
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,10 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(JobStateError)
     async def _state(_: Request, exc: JobStateError) -> JSONResponse:
         return error_response(409, str(exc), "status")
+
+    @app.exception_handler(NothingYet)
+    async def _nothing_yet(_: Request, exc: NothingYet) -> JSONResponse:
+        return error_response(409, exc.message, exc.field)
 
     @app.exception_handler(JobLimitError)
     async def _limit(_: Request, exc: JobLimitError) -> JSONResponse:

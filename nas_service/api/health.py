@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import responses
 from nas_service.api.routing import LATENCY_BUCKETS, SECURED, ApiRoute
-from nas_service.db import JOB_STATES, RUN_STATES, Job, TrialRun
+from nas_service.db import JOB_STATES, RUN_STATES, Job, JobStatus, TrialRun
 
 #: The text format every Prometheus reads (what `generate_latest` writes).
 PROMETHEUS_TEXT = CONTENT_TYPE_PLAIN_0_0_4
@@ -102,19 +102,19 @@ class DatabaseCollector(Collector):
                     TrialRun.finished_at.is_not(None)
                 )
             ).all()
-            durations = [(end - start).total_seconds() for start, end in spans]
+            durations = [(end - start).total_seconds() for start, end in spans if end is not None]
         by_job = GaugeMetricFamily("depthscope_jobs", "Jobs by state.", labels=["state"])
-        for state in JOB_STATES:
-            by_job.add_metric([state], jobs.get(state, 0))
+        for job_state in JOB_STATES:
+            by_job.add_metric([job_state], jobs.get(job_state, 0))
         yield by_job
         by_run = GaugeMetricFamily(
             "depthscope_trial_runs", "Trial attempts by state.", labels=["state"]
         )
-        for state in RUN_STATES:
-            by_run.add_metric([state], runs.get(state, 0))
+        for run_state in RUN_STATES:
+            by_run.add_metric([run_state], runs.get(run_state, 0))
         yield by_run
         yield GaugeMetricFamily(
-            "depthscope_queue_depth", "Jobs waiting to start.", value=jobs.get("pending", 0)
+            "depthscope_queue_depth", "Jobs waiting to start.", value=jobs.get(JobStatus.PENDING, 0)
         )
         yield SummaryMetricFamily(
             "depthscope_trial_duration_seconds",
@@ -145,9 +145,9 @@ def metrics_registry(app: FastAPI) -> CollectorRegistry:
         200: {
             "content": {"text/plain": {"schema": {"type": "string"}}},
             "description": "Prometheus text (0.0.4)",
-        }
-    }
-    | responses(401, 503),
+        },
+        **responses(401, 503),
+    },
 )
 def metrics(request: Request) -> Response:
     registry: CollectorRegistry = request.app.state.metrics

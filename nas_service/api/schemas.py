@@ -26,6 +26,7 @@ from cost_model import (
     Parallelism,
     Workload,
 )
+from nas_service.db.models import JobStatus, TrialStatus
 
 
 class Progress(BaseModel):
@@ -48,7 +49,7 @@ class Compute(BaseModel):
 class JobRead(BaseModel):
     id: str
     name: str
-    status: str
+    status: JobStatus
     n_trials: int
     study_name: str
     objectives: list[str]
@@ -81,8 +82,8 @@ class TrialRead(BaseModel):
     """One Optuna trial of a job: its parameters, architecture, metrics and outcome."""
 
     number: int
-    state: str
-    outcome: str
+    state: TrialStatus
+    outcome: str  # a `TrialOutcome`, or "" for a trial finished outside the runner
     reason: str
     variant: str
     params: dict[str, Any]
@@ -175,7 +176,7 @@ def _field_type(name: str, hint: Any) -> tuple[Any, Any]:
     base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
     kw: dict[str, Any] = {}
     if name in _CHOICES:
-        kind: Any = Literal[_CHOICES[name]]  # type: ignore[valid-type]
+        kind: Any = Literal[_CHOICES[name]]
     elif base is bool:
         kind = bool
         kw = {"strict": True}
@@ -199,7 +200,7 @@ def _model_of(kind: type, name: str) -> type[BaseModel]:
         annotation, kw = _field_type(f.name, hints[f.name])
         default = ... if f.default is dataclasses.MISSING else f.default
         fields[f.name] = (annotation, Field(default, **kw))
-    model = create_model(  # type: ignore[call-overload]
+    model = create_model(
         name,
         __config__=ConfigDict(extra="forbid", strict=True),
         __doc__=f"The fields of `cost_model.{kind.__name__}`.",

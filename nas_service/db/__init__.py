@@ -3,22 +3,45 @@ migrations, beside Optuna's studies in the same database."""
 
 from nas_service.db.engine import make_engine, make_sessionmaker, normalise_url
 from nas_service.db.migrate import VERSION_TABLE, current, downgrade, head, upgrade
-from nas_service.db.models import JOB_STATES, RUN_STATES, Base, Job, JobEvent, RunnerLease, TrialRun
+from nas_service.db.models import (
+    ACTIVE_STATES,
+    JOB_STATES,
+    RUN_STATES,
+    Base,
+    Job,
+    JobEvent,
+    JobStatus,
+    RunnerLease,
+    RunState,
+    TrialOutcome,
+    TrialRun,
+    TrialStatus,
+)
+from nas_service.db.session import commit, on_rollback, roll_back, unit_of_work
 
 __all__ = [
+    "ACTIVE_STATES",
     "JOB_STATES",
     "RUN_STATES",
     "VERSION_TABLE",
     "Base",
     "Job",
     "JobEvent",
+    "JobStatus",
+    "RunState",
     "RunnerLease",
+    "TrialOutcome",
     "TrialRun",
+    "TrialStatus",
+    "commit",
     "current",
     "downgrade",
     "head",
     "make_engine",
     "make_sessionmaker",
     "normalise_url",
+    "on_rollback",
+    "roll_back",
+    "unit_of_work",
     "upgrade",
 ]

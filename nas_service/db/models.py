@@ -5,13 +5,108 @@ version table: `depthscope_alembic_version`)."""
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, ClassVar
+import enum
+from typing import Any, ClassVar, Generic, TypeVar
 
-from sqlalchemy import JSON, DateTime, Float, ForeignKey, Index, Integer, String, Text, func
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    func,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-JOB_STATES = ("pending", "running", "completed", "failed", "cancelled")
-RUN_STATES = ("running", "completed", "pruned", "infeasible", "diverged", "failed", "lost")
+
+class JobStatus(enum.StrEnum):
+    """Where a job stands (`ds_jobs.status`)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def active(self) -> bool:
+        """Pending or running: it counts against `max_concurrent_jobs` and may be cancelled."""
+        return self in ACTIVE_STATES
+
+
+#: The states of a job that is not finished.
+ACTIVE_STATES = (JobStatus.PENDING, JobStatus.RUNNING)
+
+
+class TrialOutcome(enum.StrEnum):
+    """Why a trial ended, as the runner tells it (the trial's `outcome` attribute)."""
+
+    RUNNING = "running"  # not concluded yet (shown for a trial Optuna has RUNNING)
+    COMPLETED = "completed"  # trained, its values told
+    PRUNED = "pruned"  # stopped early by the pruner
+    INFEASIBLE = "infeasible"  # the cost model refused it; never trained
+    OVER_CONSTRAINT = "over_constraint"  # a cost above a constraint; never trained
+    DIVERGED = "diverged"  # its loss stopped being finite; recorded, never retried
+    FAILED = "failed"  # an error (or its job failed while it ran)
+    CANCELLED = "cancelled"  # its job was cancelled while it ran
+    LOST = "lost"  # the runner stopped while it ran; re-enqueued, not counted
+
+
+class RunState(enum.StrEnum):
+    """Where one attempt at training a trial stands (`ds_trial_runs.state`). A lost worker
+    closes the attempt as lost and opens the next one (the retry)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    PRUNED = "pruned"
+    INFEASIBLE = "infeasible"
+    DIVERGED = "diverged"
+    FAILED = "failed"
+    LOST = "lost"
+
+
+class TrialStatus(enum.StrEnum):
+    """An Optuna trial's state as the API shows it (`TrialState` in lower case, FAIL as
+    failed): what `GET /v1/jobs/{id}/trials?state=` filters on."""
+
+    COMPLETE = "complete"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    RUNNING = "running"
+    WAITING = "waiting"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.FAILED)
+
+
+JOB_STATES = tuple(JobStatus)
+RUN_STATES = tuple(RunState)
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+class StrEnumColumn(TypeDecorator[E], Generic[E]):
+    """A `StrEnum` stored as its string (a plain `VARCHAR`, as the migrations made it), read
+    back as the enum."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, kind: type[E], length: int = 16) -> None:
+        super().__init__(length)
+        self.kind = kind
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.kind(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.kind(value)
 
 
 class Base(DeclarativeBase):
@@ -29,7 +124,9 @@ class Job(Base):
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
-    status: Mapped[str] = mapped_column(String(16), default="pending", index=True)
+    status: Mapped[JobStatus] = mapped_column(
+        StrEnumColumn(JobStatus), default=JobStatus.PENDING, index=True
+    )
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     study_name: Mapped[str] = mapped_column(String(64), unique=True)
     n_trials: Mapped[int] = mapped_column(Integer)
@@ -75,7 +172,9 @@ class TrialRun(Base):
     job_id: Mapped[str] = mapped_column(ForeignKey("ds_jobs.id", ondelete="CASCADE"))
     trial_number: Mapped[int] = mapped_column(Integer)
     attempt: Mapped[int] = mapped_column(Integer, default=1)
-    state: Mapped[str] = mapped_column(String(16), default="running", index=True)
+    state: Mapped[RunState] = mapped_column(
+        StrEnumColumn(RunState), default=RunState.RUNNING, index=True
+    )
     params: Mapped[dict[str, Any]] = mapped_column(JSON)
     worker: Mapped[str | None] = mapped_column(String(128), default=None)
     reason: Mapped[str | None] = mapped_column(Text, default=None)

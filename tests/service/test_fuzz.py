@@ -142,7 +142,7 @@ def stored_job(fuzzed: Fuzzed) -> str:
     import optuna
 
     from nas_service.db import make_engine, make_sessionmaker
-    from nas_service.jobs import submit_job
+    from nas_service.jobs import submit
     from nas_service.spec import parse_spec
     from tests.service.test_api import SPEC, _synthetic
 
@@ -150,7 +150,7 @@ def stored_job(fuzzed: Fuzzed) -> str:
     url = str(fuzzed.app.state.settings.database_url)
     engine = make_engine(url)
     try:
-        job = submit_job(make_sessionmaker(engine), fuzzed.app.state.settings, spec)
+        job = submit(make_sessionmaker(engine), fuzzed.app.state.settings, spec)
     finally:
         engine.dispose()
     study = optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))

@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 
 from nas_service.db import Job, JobEvent, RunnerLease, TrialRun
-from nas_service.jobs import cancel_job, optuna_storage, submit_job
+from nas_service.jobs import cancel, optuna_storage, submit
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST, create_study
 from nas_service.spec import parse_spec
@@ -68,16 +68,16 @@ def stored_job(Session: Any, url: str, spec: dict[str, Any]) -> Job:
 # -- one bad job or trial, the others go on -----------------------------------------------------
 def test_poisoned_jobs_and_trials_fail_alone(ray_local: None, sqlite_url: str) -> None:
     settings, Session = setup(sqlite_url, max_job_errors=3)
-    healthy = submit_job(Session, settings, TINY | {"name": "healthy"})
+    healthy = submit(Session, settings, TINY | {"name": "healthy"})
     # 1. a stored spec that no longer validates: its budget holds a NaN
     nan = stored_job(
         Session, sqlite_url, TINY | {"cluster": "local", "budget": {"flops": [1e9, float("nan")]}}
     )
     # 2. one trial outside the space (enqueued by hand) in an otherwise good job
-    one_bad = submit_job(Session, settings, TINY | {"name": "one-bad", "n_trials": 3})
+    one_bad = submit(Session, settings, TINY | {"name": "one-bad", "n_trials": 3})
     study_of(sqlite_url, one_bad).enqueue_trial({"residual": "no_such_variant", "n_layers": 1})
     # 3. every trial poisoned: the job fails after max_job_errors, not trial after trial
-    all_bad = submit_job(Session, settings, TINY | {"name": "all-bad", "n_trials": 6})
+    all_bad = submit(Session, settings, TINY | {"name": "all-bad", "n_trials": 6})
     for _ in range(6):
         study_of(sqlite_url, all_bad).enqueue_trial({"residual": "bogus", "n_layers": 1})
 
@@ -110,7 +110,7 @@ def test_poisoned_jobs_and_trials_fail_alone(ray_local: None, sqlite_url: str) -
 def test_a_job_no_node_can_run_fails_with_the_reason(ray_local: None, sqlite_url: str) -> None:
     settings, Session = setup(sqlite_url)
     spec = TINY | {"name": "wide", "training": TINY["training"] | {"threads": 64}}
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     start = time.monotonic()
     Runner(settings).run(timeout_s=120)
     assert time.monotonic() - start < 60
@@ -215,7 +215,7 @@ def test_a_trial_that_keeps_stopping_the_runner_is_not_retried_forever(
 ) -> None:
     settings, Session = setup(sqlite_url, max_trial_recoveries=3)
     spec = TINY | {"name": "crashy", "n_trials": 1, "budget": {"tokens": 4 * 32 * 100_000}}
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     for number in range(3):  # the runner dies each time while the candidate trains, alone
         proc = start_runner(sqlite_url, tmp_path / f"runner{number}.log", "--forever")
         try:
@@ -240,7 +240,7 @@ def test_a_trial_that_keeps_stopping_the_runner_is_not_retried_forever(
 def test_one_runner_per_cluster(sqlite_url: str, tmp_path: Path) -> None:
     settings, Session = setup(sqlite_url)
     spec = TINY | {"name": "shared", "n_trials": 6, "budget": {"tokens": 4 * 32 * 150}}
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     first = start_runner(sqlite_url, tmp_path / "first.log", "--forever")
     second = None
     try:
@@ -274,7 +274,7 @@ def test_one_runner_per_cluster(sqlite_url: str, tmp_path: Path) -> None:
 
 def test_a_runner_stops_when_its_service_dies(sqlite_url: str, tmp_path: Path) -> None:
     settings, Session = setup(sqlite_url)
-    job = submit_job(
+    job = submit(
         Session, settings, TINY | {"name": "orphan", "budget": {"tokens": 4 * 32 * 100_000}}
     )
     # a stand-in service: starts the runner as `depthscope serve` does, then waits
@@ -311,7 +311,7 @@ def test_a_runner_stops_when_its_service_dies(sqlite_url: str, tmp_path: Path) -
 
 def test_a_cancel_while_no_runner_is_alive_is_concluded(sqlite_url: str, tmp_path: Path) -> None:
     settings, Session = setup(sqlite_url)
-    job = submit_job(
+    job = submit(
         Session, settings, TINY | {"name": "cancel", "budget": {"tokens": 4 * 32 * 100_000}}
     )
     proc = start_runner(sqlite_url, tmp_path / "runner.log", "--forever")
@@ -320,7 +320,7 @@ def test_a_cancel_while_no_runner_is_alive_is_concluded(sqlite_url: str, tmp_pat
     finally:
         kill_session(proc)
     assert running_trials(sqlite_url, job)
-    cancel_job(Session, job.id)
+    cancel(Session, job.id)
     run_runner_until_idle(sqlite_url)
     study = study_of(sqlite_url, job)
     assert study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING)) == []
@@ -375,7 +375,7 @@ def test_recovery_keeps_the_outcome_of_a_trial_told_before_the_runner_stopped(
     """A runner that told a trial and died before closing its run row: the row takes the
     trial's outcome, it is not `lost` (and nothing is re-run)."""
     settings, Session = setup(sqlite_url)
-    job = submit_job(Session, settings, TINY | {"name": "told"})
+    job = submit(Session, settings, TINY | {"name": "told"})
     with Session.begin() as s:
         s.get(Job, job.id).status = "running"
     study = study_of(sqlite_url, job)

@@ -20,7 +20,7 @@ from sqlalchemy import select
 
 from cost_model import METRICS
 from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import submit_job
+from nas_service.jobs import submit
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
@@ -57,7 +57,7 @@ TINY: dict[str, Any] = {
 
 def test_job_runs_to_completion(db_url: str) -> None:
     settings, Session = setup(db_url)
-    job = submit_job(Session, settings, TINY)
+    job = submit(Session, settings, TINY)
     Runner(settings).run(timeout_s=300)
     with Session() as s:
         row = s.get(Job, job.id)
@@ -91,8 +91,8 @@ def test_constraints_and_divergence(sqlite_url: str) -> None:
         "training": TINY["training"] | {"lr": 50.0, "warmup_frac": 0.0},
         "n_trials": 2,
     }
-    a = submit_job(Session, settings, capped)
-    b = submit_job(Session, settings, diverging)
+    a = submit(Session, settings, capped)
+    b = submit(Session, settings, diverging)
     Runner(settings).run(timeout_s=300)  # both jobs at once
     with Session() as s:
         assert {s.get(Job, a.id).status, s.get(Job, b.id).status} == {"completed"}
@@ -131,7 +131,7 @@ def test_two_objective_job_prunes_hopeless_candidates(sqlite_url: str) -> None:
         "budget": {"tokens": 4 * 32 * 40},
         "training": TINY["training"] | {"n_evals": 8},
     }
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     Runner(settings).run(timeout_s=400)
     trials = counted(study_of(sqlite_url, job))
     assert len(trials) == 8
@@ -159,7 +159,7 @@ def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
         "max_concurrent": 1,
         "budget": {"tokens": 4 * 32 * 400},
     }
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     killed: list[int] = []
 
     def killer() -> None:
@@ -198,7 +198,7 @@ def test_a_killed_worker_is_retried(sqlite_url: str) -> None:
 def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_path: Path) -> None:
     settings, Session = setup(sqlite_url)
     spec = TINY | {"name": "crash", "n_trials": 6, "budget": {"tokens": 4 * 32 * 60}}
-    job = submit_job(Session, settings, spec)
+    job = submit(Session, settings, spec)
     env = os.environ | {"DEPTHSCOPE_DATABASE_URL": sqlite_url, "RAY_USAGE_STATS_ENABLED": "0"}
     cmd = [sys.executable, "-m", "nas_service.runner", "--timeout", "300"]
     log = (tmp_path / "runner1.log").open("w")
@@ -243,7 +243,7 @@ def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_pa
 
 def test_seeds_are_averaged_and_their_spread_kept(sqlite_url: str) -> None:
     settings, Session = setup(sqlite_url)
-    job = submit_job(Session, settings, TINY | {"name": "seeds", "n_trials": 2, "seeds": 2})
+    job = submit(Session, settings, TINY | {"name": "seeds", "n_trials": 2, "seeds": 2})
     Runner(settings).run(timeout_s=300)
     for t in counted(study_of(sqlite_url, job)):
         seeds = t.user_attrs["val_loss_seeds"]
@@ -257,7 +257,7 @@ def test_seeds_are_averaged_and_their_spread_kept(sqlite_url: str) -> None:
 def test_four_jobs_at_once_on_postgres(postgres_url: str) -> None:
     settings, Session = setup(postgres_url)
     jobs = [
-        submit_job(
+        submit(
             Session,
             settings,
             TINY | {"name": f"j{i}", "n_trials": 3, "max_concurrent": 1, "sampler_seed": i},
@@ -274,10 +274,10 @@ def test_four_jobs_at_once_on_postgres(postgres_url: str) -> None:
 
 
 def test_cancelling_a_job_stops_its_ray_tasks(sqlite_url: str) -> None:
-    from nas_service.jobs import cancel_job
+    from nas_service.jobs import cancel
 
     settings, Session = setup(sqlite_url)
-    job = submit_job(
+    job = submit(
         Session,
         settings,
         TINY | {"name": "cancel", "n_trials": 2, "budget": {"tokens": 4 * 32 * 100_000}},
@@ -289,7 +289,7 @@ def test_cancelling_a_job_stops_its_ray_tasks(sqlite_url: str) -> None:
     while time.monotonic() < deadline and not _training_workers():
         time.sleep(0.2)
     assert _training_workers(), "no training task started"
-    cancel_job(Session, job.id)
+    cancel(Session, job.id)
     thread.join(timeout=120)
     assert not thread.is_alive()
     deadline = time.monotonic() + 30
@@ -374,7 +374,7 @@ def test_job_on_a_separately_started_ray_cluster(
         database_url=sqlite_url, clusters={"local": ClusterSettings(), "lab": lab}
     )
     Session = make_sessionmaker(make_engine(sqlite_url))
-    job = submit_job(Session, settings, TINY | {"name": "lab", "cluster": "lab", "n_trials": 3})
+    job = submit(Session, settings, TINY | {"name": "lab", "cluster": "lab", "n_trials": 3})
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     env |= {
         "DEPTHSCOPE_DATABASE_URL": sqlite_url,

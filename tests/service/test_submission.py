@@ -218,7 +218,7 @@ def test_a_refusal_under_the_lock_stores_nothing(db_url: str, monkeypatch: Any) 
     engine = make_engine(db_url)
     sessions = make_sessionmaker(engine)
     try:
-        jobs.submit_job(sessions, settings, SPEC)
+        jobs.submit(sessions, settings, SPEC)
         seen: list[int] = []
         real = jobs._count_active
 
@@ -228,7 +228,7 @@ def test_a_refusal_under_the_lock_stores_nothing(db_url: str, monkeypatch: Any) 
 
         monkeypatch.setattr(jobs, "_count_active", count)
         with pytest.raises(jobs.JobLimitError):
-            jobs.submit_job(sessions, settings, SPEC | {"name": "late"})
+            jobs.submit(sessions, settings, SPEC | {"name": "late"})
         assert seen == [1, 1]  # both counts were taken; the second one refused
         assert _stored(db_url) == (1, 1, 1)
     finally:

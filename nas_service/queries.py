@@ -1,0 +1,273 @@
+"""What the API reads, as its response schemas: a job's summary (progress, compute spent,
+ETA), pages of jobs and trials, the Pareto front, the d_model/L optimum, scaling fits, and
+the plots' images.
+
+The service layer of the read routes: every function takes the request's `Session` (it
+never commits; the request's boundary does) and the `ResultsCache`, and raises domain
+errors (`JobNotFound`, `NothingYet`) that the API renders."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from cost_model import Variant
+from nas_service import analysis
+from nas_service.api.schemas import (
+    Compute,
+    JobList,
+    JobRead,
+    OptimumFitRead,
+    OptimumRead,
+    ParetoRead,
+    Progress,
+    ScalingRead,
+    TrialList,
+    TrialRead,
+)
+from nas_service.db import Job, JobStatus, TrialOutcome, TrialStatus
+from nas_service.jobs import cancel_job, get_job, list_jobs
+from nas_service.results import (
+    JobResults,
+    ResultsCache,
+    TrialRow,
+    optimum_by_variant,
+    pareto_rows,
+    scaling_by_variant,
+)
+
+
+class NothingYet(LookupError):
+    """A query that needs trials the job does not have yet (the API's 409)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field, self.message = field, message
+
+
+def job_row(session: Session, cache: ResultsCache, job_id: str) -> Job:
+    """The job's row, read at most every `results_fresh_s` (a cancel forgets it). The row
+    kept is detached from the request's session, so that session's end (a rollback expires
+    what it holds) leaves it as it was read."""
+
+    def read() -> Job:
+        job = get_job(session, job_id)
+        session.expunge(job)
+        return job
+
+    return cache.recent(("job", job_id), read)
+
+
+def job_results(cache: ResultsCache, job: Job) -> JobResults:
+    spec = job.spec
+    budget = spec["budget"].get("flops") or spec["budget"].get("tokens")
+    single = None if isinstance(budget, list) else float(budget)
+    return cache.get(job.study_name, list(spec["objectives"]), single)
+
+
+def summarise(job: Job, results: JobResults) -> JobRead:
+    """The job as the API shows it: its row, its progress by outcome, the compute spent of
+    its budget, and an ETA (the mean trained trial's time × the trials left ÷ concurrency)."""
+    rows = [r for r in results.rows if not r.lost]
+    counted = results.counted()
+    outcome = [r.outcome for r in counted]
+    spec = job.spec
+    budget = spec["budget"]
+    kind = "flops" if budget.get("flops") is not None else "tokens"
+    values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
+    per_trial = sum(values) / len(values) * spec.get("seeds", 1)
+    key = "flops_spent" if kind == "flops" else "tokens_seen"
+    spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
+    total = per_trial * job.n_trials
+    trained = [r.duration_s for r in counted if r.state == TrialStatus.COMPLETE and r.duration_s]
+    remaining = job.n_trials - len(counted)
+    eta = None
+    if job.status.active and trained:
+        eta = sum(trained) / len(trained) * remaining / max(1, spec.get("max_concurrent", 1))
+    return JobRead(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        n_trials=job.n_trials,
+        study_name=job.study_name,
+        objectives=list(spec["objectives"]),
+        created_at=job.created_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        error=job.error,
+        progress=Progress(
+            counted=len(counted),
+            completed=sum(1 for r in counted if r.state == TrialStatus.COMPLETE),
+            running=sum(1 for r in rows if r.state == TrialStatus.RUNNING),
+            pruned=outcome.count(TrialOutcome.PRUNED),
+            infeasible=outcome.count(TrialOutcome.INFEASIBLE)
+            + outcome.count(TrialOutcome.OVER_CONSTRAINT),
+            failed=outcome.count(TrialOutcome.FAILED) + outcome.count(TrialOutcome.CANCELLED),
+            diverged=outcome.count(TrialOutcome.DIVERGED),
+        ),
+        compute=Compute(
+            kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
+        ),
+        eta_s=eta,
+        spec=spec,
+    )
+
+
+def new_job(job: Job) -> JobRead:
+    """A job just submitted: its study has no trial yet (nothing is read for it, so the
+    submission's transaction ends as soon as it can)."""
+    return summarise(job, JobResults(job.study_name, list(job.spec["objectives"])))
+
+
+def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
+    """Cancel the job (in `session`'s transaction) and show it. Its trials are read first,
+    so no read waits while the transaction holds the job's row."""
+    results = job_results(cache, get_job(session, job_id))
+    job = cancel_job(session, job_id)
+    cache.forget(("job", job_id))
+    return summarise(job, results)
+
+
+def read_job(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
+    job = job_row(session, cache, job_id)
+    return summarise(job, job_results(cache, job))
+
+
+def job_page(
+    session: Session, cache: ResultsCache, status: JobStatus | None, limit: int, offset: int
+) -> JobList:
+    jobs, total = list_jobs(session, status, limit, offset)
+    return JobList(
+        items=[summarise(j, job_results(cache, j)) for j in jobs],
+        total=total,
+        limit=limit,
+        offset=offset,
+    )
+
+
+def _trial(row: TrialRow, curve: bool = False) -> TrialRead:
+    return TrialRead.model_validate(row.as_dict(curve))
+
+
+def trial_page(
+    session: Session,
+    cache: ResultsCache,
+    job_id: str,
+    state: TrialStatus | None = None,
+    variant: Variant | None = None,
+    curve: bool = False,
+    limit: int = 100,
+    offset: int = 0,
+) -> TrialList:
+    job = job_row(session, cache, job_id)
+    rows = [
+        r
+        for r in job_results(cache, job).rows
+        if (state is None or r.state == state) and (variant is None or r.variant == variant)
+    ]
+    page = rows[offset : offset + limit]
+    return TrialList(
+        items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
+    )
+
+
+def pareto(
+    session: Session,
+    cache: ResultsCache,
+    job_id: str,
+    metrics: list[str],
+    variant: Variant | None = None,
+) -> ParetoRead:
+    """The non-dominated trials over `metrics` (each minimised), memoised per study state."""
+    results = job_results(cache, job_row(session, cache, job_id))
+
+    def answer() -> ParetoRead:
+        front, candidates = pareto_rows(results, metrics, variant)
+        front.sort(key=lambda r: [r.metrics[m] for m in metrics])
+        return ParetoRead(
+            metrics=metrics,
+            variant=variant,
+            n_candidates=len(candidates),
+            front=[_trial(r) for r in front],
+        )
+
+    return results.memoised(("pareto", tuple(metrics), variant), answer)
+
+
+def optimum(session: Session, cache: ResultsCache, job_id: str, bootstrap: int) -> OptimumRead:
+    results = job_results(cache, job_row(session, cache, job_id))
+    fits = results.memoised(("optimum", bootstrap), lambda: optimum_by_variant(results, bootstrap))
+    return OptimumRead(
+        job_id=job_id,
+        fits=[
+            OptimumFitRead.model_validate({k: v for k, v in f.items() if not k.startswith("_")})
+            for f in fits
+        ],
+    )
+
+
+def scaling(
+    session: Session,
+    cache: ResultsCache,
+    job_id: str,
+    reference: Variant | None = None,
+    loss: float | None = None,
+) -> ScalingRead:
+    results = job_results(cache, job_row(session, cache, job_id))
+    return ScalingRead.model_validate(
+        {"job_id": job_id} | scaling_by_variant(results, reference, loss)
+    )
+
+
+def _png(draw: Callable[[str], Any]) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "plot.png"
+        draw(str(path))
+        return path.read_bytes()
+
+
+def pareto_png(
+    session: Session,
+    cache: ResultsCache,
+    job_id: str,
+    metrics: list[str],
+    variant: Variant | None = None,
+) -> bytes:
+    """The front over the first two `metrics` among every candidate, as a PNG."""
+    names = metrics[:2]
+    front, candidates = pareto_rows(
+        job_results(cache, job_row(session, cache, job_id)), names, variant
+    )
+    if not candidates:
+        raise NothingYet("metrics", "no trial has these metrics yet")
+    index = {id(r): i for i, r in enumerate(candidates)}
+    return _png(
+        lambda path: analysis.plot_pareto(
+            [r.metrics[names[1]] for r in candidates],
+            [r.metrics[names[0]] for r in candidates],
+            [index[id(r)] for r in front],
+            [r.variant for r in candidates],
+            names[1],
+            names[0],
+            path,
+        )
+    )
+
+
+def optimum_png(session: Session, cache: ResultsCache, job_id: str) -> bytes:
+    """Loss against d_model/L_b per variant with its fitted optimum, as a PNG."""
+    fits = optimum_by_variant(job_results(cache, job_row(session, cache, job_id)), 100)
+    if not fits:
+        raise NothingYet("job_id", "no trained trial yet")
+    several = len({f["budget"] for f in fits}) > 1
+
+    def label(f: dict[str, Any]) -> str:
+        return f"{f['variant']} @ {f['budget']:.3g}" if several else str(f["variant"])
+
+    data = {label(f): f["_data"] for f in fits}
+    fit_map = {label(f): f["_fit"] for f in fits}
+    return _png(lambda path: analysis.plot_optimum(data, fit_map, path))
