@@ -13,6 +13,7 @@ load when the parser is built, and each command imports what it needs when it ru
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -53,7 +54,9 @@ def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) ->
     return response.json()
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `command`, one that parses that command (the architecture
+    flags, which import the cost model and numpy, only for `cost` and `train`)."""
     from nas_service.cli import client, local
 
     parser = argparse.ArgumentParser(
@@ -61,14 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
         description="Architecture search and cost modelling for Transformer residual connections.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    local.add_parsers(sub)
+    local.add_parsers(sub, arch=command in (None, "cost", "train"))
     client.add_parsers(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(words[0] if words else "")
+    args, rest = parser.parse_known_args(words)
     if getattr(args, "forward", False):  # `runner`: its own parser reads the rest, in order
         args.args = rest
     elif rest:

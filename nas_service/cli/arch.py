@@ -5,7 +5,9 @@ and `--arch FILE.yaml`, a YAML mapping of the same fields.
 A value comes from the flag, else from the file, else from the dataclass's default; a field
 without a default (`n_layers`, `d_model`, `n_heads`) must come from one of the first two.
 Every value is checked against the field's type here and by `ArchConfig` itself, and every
-refusal is an `ArchConfigError` naming the field.
+refusal is an `ArchConfigError` naming the field. The cost model (numpy) is imported when the
+flags are built, not with this module: `depthscope db` runs where only the database layer is
+installed.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ import dataclasses
 import math
 import types
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
-
-from cost_model import ArchConfig, ArchConfigError
 
 #: One line of help per field (a field missing here gets its name as help).
 HELP: dict[str, str] = {
@@ -63,6 +63,7 @@ class ArchField:
 
 
 def _field(f: dataclasses.Field[Any], hint: Any) -> ArchField:
+    """The command-line form of one field (TypeError for a type without one)."""
     optional = False
     if get_origin(hint) in (Union, types.UnionType):
         args = [a for a in get_args(hint) if a is not type(None)]
@@ -84,6 +85,8 @@ def _field(f: dataclasses.Field[Any], hint: Any) -> ArchField:
 
 def arch_fields() -> list[ArchField]:
     """Every field of `ArchConfig`, in its order."""
+    from cost_model import ArchConfig
+
     hints = get_type_hints(ArchConfig)
     return [_field(f, hints[f.name]) for f in dataclasses.fields(ArchConfig)]
 
@@ -140,6 +143,8 @@ def add_arch_args(p: argparse.ArgumentParser, many_variants: bool) -> None:
 
 def _check_value(f: ArchField, value: Any, where: str) -> Any:
     """A value from the file, of the field's type (ints for floats are accepted)."""
+    from cost_model import ArchConfigError
+
     if value is None and f.optional:
         return None
     ok = {
@@ -163,6 +168,7 @@ def load_arch_file(path: str) -> dict[str, Any]:
     """The fields of an architecture file: a YAML mapping read by the spec package's loader
     (its size cap, no anchors or aliases), every key an `ArchConfig` field and every value
     of its type. Raises `ArchConfigError` naming the field (field "arch" for the file)."""
+    from cost_model import ArchConfigError
     from nas_service.spec import SpecError, read_yaml_mapping
 
     try:
@@ -186,6 +192,8 @@ def load_arch_file(path: str) -> dict[str, Any]:
 def arch_values(args: argparse.Namespace) -> dict[str, Any]:
     """The architecture's fields: the flags given, over the file's, over the defaults.
     Raises `ArchConfigError` for a bad file or a required field given nowhere."""
+    from cost_model import ArchConfigError
+
     fields = arch_fields()
     values = {f.name: f.default for f in fields if not f.required}
     if getattr(args, "arch", None):

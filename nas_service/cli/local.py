@@ -13,14 +13,15 @@ from typing import Any
 from nas_service.cli.arch import add_arch_args, arch_values
 
 
-def _add_cost_parser(sub: Any) -> None:
+def _add_cost_parser(sub: Any, arch: bool) -> None:
     p = sub.add_parser(
         "cost",
         help="price architectures with the analytic cost model",
         description="Price one architecture, or compare residual variants side by side "
         "(--variant a,b,c), with the analytic cost model.",
     )
-    add_arch_args(p, many_variants=True)
+    if arch:
+        add_arch_args(p, many_variants=True)
     work = p.add_argument_group("workload")
     work.add_argument("--micro-batch", type=int, default=8)
     work.add_argument("--microbatches", type=int, default=1)
@@ -124,14 +125,15 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_train_parser(sub: Any) -> None:
+def _add_train_parser(sub: Any, arch: bool) -> None:
     p = sub.add_parser(
         "train",
         help="train one candidate on a fixed budget",
         description="Train one architecture for exactly its budget (FLOPs or tokens) and "
         "print the result. Progress goes to stderr.",
     )
-    add_arch_args(p, many_variants=False)
+    if arch:
+        add_arch_args(p, many_variants=False)
     run = p.add_argument_group("training")
     budget = run.add_mutually_exclusive_group(required=True)
     budget.add_argument("--flops", type=float, help="training FLOPs budget (e.g. 3e13)")
@@ -307,9 +309,11 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: Any) -> None:
-    _add_cost_parser(sub)
-    _add_train_parser(sub)
+def add_parsers(sub: Any, arch: bool = True) -> None:
+    """The local commands; `arch=False` leaves out the architecture flags of `cost` and
+    `train` (they import the cost model) for a run of another command."""
+    _add_cost_parser(sub, arch)
+    _add_train_parser(sub, arch)
     _add_db_parser(sub)
     _add_runner_parser(sub)
     _add_serve_parser(sub)

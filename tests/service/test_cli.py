@@ -217,6 +217,23 @@ def test_commands_that_do_not_train_load_no_heavy_framework(argv: list[str]) -> 
     assert out.stdout.strip() == "", out.stdout
 
 
+def test_commands_without_an_architecture_do_not_load_the_cost_model(tmp_path: Path) -> None:
+    """`depthscope db` runs from a wheel installed with the database layer only (no numpy)."""
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    for argv in (["db", "current", "--url", url], ["status", "--url", "http://127.0.0.1:9"]):
+        code = (
+            "import sys, contextlib, io\n"
+            "from nas_service.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            f"    main({argv!r})\n"
+            "print(','.join(m for m in ('numpy', 'cost_model') if m in sys.modules))\n"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+        )
+        assert out.stdout.strip() == "", (argv, out.stdout)
+
+
 def test_python_dash_m_runs_the_command() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "nas_service.cli", "cost", *SHAPE, "--json"],
