@@ -63,6 +63,7 @@ def _human(value: float, unit: str) -> str:
 
 def _cmd_cost(args: argparse.Namespace) -> int:
     from cost_model import METRICS, ArchConfig, CostInputError, Parallelism, Workload, price
+    from cost_model.residuals import BLOCK_SIZED, STREAMED
 
     try:
         fields = arch_values(args)
@@ -87,14 +88,14 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             sequence_parallel=args.sequence_parallel,
         )
         # side by side, the block size and the streams go to the variants that have them
-        owners = {"block_size": "block_attnres", "mhc_streams": "mhc_lite"}
-        if fields["block_size"] is not None and "block_attnres" not in variants:
-            raise CostInputError("block_size", "only block_attnres has a block size")
-        if fields["mhc_streams"] is not None and "mhc_lite" not in variants:
-            raise CostInputError("mhc_streams", "only mhc_lite has streams")
+        owners = {"block_size": BLOCK_SIZED, "mhc_streams": STREAMED}
+        what = {"block_size": "a block size", "mhc_streams": "streams"}
+        for name, owner in owners.items():
+            if fields[name] is not None and not set(variants) & set(owner):
+                raise CostInputError(name, f"only {', '.join(owner)} has {what[name]}")
         reports = {}
         for variant in variants:
-            own = {k: fields[k] if owner == variant else None for k, owner in owners.items()}
+            own = {k: fields[k] if variant in owner else None for k, owner in owners.items()}
             cfg = ArchConfig(**(fields | own | {"variant": variant}))
             reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
     except CostInputError as exc:

@@ -12,6 +12,7 @@ from cost_model import (
     CostInputError,
     width_for_params,
 )
+from cost_model.residuals import STREAMED
 from nas_service.spec.model import JobSpec, SpecError
 from nas_service.spec.space import AXES, CandidateSpace
 
@@ -51,7 +52,7 @@ def build_candidate(spec: JobSpec, params: dict[str, Any]) -> Candidate:
     for d in AXES:
         if d.arch_field and d.name in params and (d.variants is None or variant in d.variants):
             fields[d.name] = int(params[d.name]) if d.kind == "int" else params[d.name]
-    if variant == "mhc_lite":
+    if variant in STREAMED:
         fields["mhc_streams"] = space.arch.mhc_streams
     try:
         if space.params_target is not None:

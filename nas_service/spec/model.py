@@ -28,6 +28,7 @@ from cost_model import (
     Workload,
     get_hardware,
 )
+from cost_model.residuals import BLOCK_SIZED
 from workers.contract import Schedule
 
 LOSS = "val_loss"
@@ -246,10 +247,11 @@ class SearchSpace(_Strict):
         ]
         if sum(widths) != 1:
             raise ValueError("give exactly one of d_model, params_target and aspect_ratio")
-        if "block_attnres" in self.variants and self.block_sizes is None:
-            raise ValueError("block_sizes: needed when variants include block_attnres")
-        if self.block_sizes is not None and "block_attnres" not in self.variants:
-            raise ValueError("block_sizes: only block_attnres has a block size")
+        blocked = ", ".join(BLOCK_SIZED)
+        if any(v in BLOCK_SIZED for v in self.variants) and self.block_sizes is None:
+            raise ValueError(f"block_sizes: needed when variants include {blocked}")
+        if self.block_sizes is not None and not any(v in BLOCK_SIZED for v in self.variants):
+            raise ValueError(f"block_sizes: only {blocked} has a block size")
         return self
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from cost_model.residuals import BLOCK_SIZED
 from nas_service.spec.model import IntAxis, IntRange, JobSpec
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ AXES: tuple[AxisDef, ...] = (
         "block_size",
         "block_sizes",
         "int",
-        frozenset({"block_attnres"}),
+        frozenset(BLOCK_SIZED),  # the variants with a block size (block_attnres)
         tag="S",
         ceiling=lambda s: 2 * s.max_n_layers,  # S counts sublayers
     ),

@@ -290,3 +290,21 @@ def test_the_runner_gets_its_arguments_in_order(monkeypatch: pytest.MonkeyPatch)
     assert seen == [["--cluster", "lab", "--forever"], []]
     with pytest.raises(SystemExit):
         cli.main(["status", "--colour", "blue"])
+
+
+def test_side_by_side_the_conditional_fields_go_to_their_variants(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    both = "baseline,mhc_lite,block_attnres"
+    out = run_json(capsys, *SHAPE, "--variant", both, "--mhc-streams", "3", "--block-size", "2")
+    assert out["mhc_lite"]["arch"]["mhc_streams"] == 3
+    assert out["block_attnres"]["arch"]["block_size"] == 2
+    assert out["baseline"]["arch"]["mhc_streams"] is None
+    assert out["baseline"]["arch"]["block_size"] is None
+    assert cli.main(["cost", *SHAPE, "--block-size", "2"]) == 2
+    assert "block_size: only block_attnres has a block size" in capsys.readouterr().err
+    assert cli.main(["cost", *SHAPE, "--variant", "baseline", "--mhc-streams", "2"]) == 2
+    assert "mhc_streams: only mhc_lite has streams" in capsys.readouterr().err
+    # one architecture (train): a conditional field for the wrong variant is refused
+    assert cli.main(["train", *SHAPE, "--block-size", "2", "--tokens", "10"]) == 2
+    assert "block_size: variant 'baseline' has no block size" in capsys.readouterr().err
