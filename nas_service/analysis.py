@@ -188,7 +188,8 @@ class ScalingFit:
     residuals: list[float]
 
     def loss_at(self, compute: float) -> float:
-        return float(self.A * compute ** (-self.alpha))
+        loss: float = self.A * compute ** (-self.alpha)  # numpy arrays too (vectorised)
+        return loss
 
     def compute_for(self, loss: float) -> float:
         return float((self.A / loss) ** (1 / self.alpha))

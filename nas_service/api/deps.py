@@ -13,7 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
-from nas_service.db import commit, roll_back
+from nas_service.db import roll_back
 from nas_service.results import ResultsCache
 from nas_service.settings import Settings
 
@@ -39,23 +39,22 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     the response is sent, so a failed commit is the response), rolled back when it raises.
     The service functions it is handed to never commit.
 
-    The commit, rollback and close run in threads of their own (`app.state.session_threads`,
-    one per pooled connection), never queued behind the routes: a route waiting for the
-    submission lock must not hold up the commit that releases it."""
+    The commit runs at once, in the event loop, when the route has returned: a transaction
+    holding the submission lock ends without waiting for a thread (every thread may be busy
+    with routes waiting for that lock). A rollback, which may undo work outside the
+    database (`db.on_rollback`), runs in a thread of `app.state.session_threads`."""
     threads: anyio.CapacityLimiter = request.app.state.session_threads
     session: Session = request.app.state.sessions()
     try:
         try:
             yield session
+            session.commit()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await run_sync(roll_back, session, limiter=threads)
             raise
-        with anyio.CancelScope(shield=True):
-            await run_sync(commit, session, limiter=threads)
     finally:
-        with anyio.CancelScope(shield=True):
-            await run_sync(session.close, limiter=threads)
+        session.close()
 
 
 def get_results(request: Request) -> ResultsCache:
