@@ -8,11 +8,13 @@ errors (`JobNotFound`, `NothingYet`) that the API renders."""
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
@@ -39,6 +41,9 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
+from nas_service.spec import JobSpec
+
+log = logging.getLogger(__name__)
 
 
 class NothingYet(LookupError):
@@ -113,7 +118,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
         ),
         eta_s=eta,
-        spec=spec,
+        spec=_stored_spec(job),
     )
 
 
@@ -130,6 +135,16 @@ def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
     job = cancel_job(session, job_id)
     cache.forget(("job", job_id))
     return summarise(job, results)
+
+
+def _stored_spec(job: Job) -> JobSpec:
+    """The job's spec as stored (`JobSpec.model_dump`), read back as a `JobSpec`; one this
+    version no longer reads (its runner fails the job) is shown as it was stored."""
+    try:
+        return JobSpec.model_validate(job.spec)
+    except ValidationError:
+        log.warning("job %s: its stored spec is no longer a valid JobSpec", job.id)
+        return JobSpec.model_construct(**job.spec)
 
 
 def read_job(session: Session, cache: ResultsCache, job_id: str) -> JobRead:

@@ -14,6 +14,7 @@ import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from typing_extensions import TypeAliasType
 
 from cost_model import (
     DTYPE_BYTES,
@@ -27,6 +28,12 @@ from cost_model import (
     Workload,
 )
 from nas_service.db.models import JobStatus, TrialStatus
+from nas_service.spec import JobSpec
+
+#: A parameter or an architecture field: a number, a string, a flag or nothing.
+Scalar = int | float | str | bool | None
+#: A value of a nested report (the cost model's sections): scalars, lists and maps of them.
+Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
 
 
 class Progress(BaseModel):
@@ -60,7 +67,7 @@ class JobRead(BaseModel):
     progress: Progress
     compute: Compute
     eta_s: float | None
-    spec: dict[str, Any]
+    spec: JobSpec
 
     @field_validator("created_at", "started_at", "finished_at")
     @classmethod
@@ -78,6 +85,26 @@ class JobList(BaseModel):
     offset: int
 
 
+class TrainRunRead(BaseModel):
+    """One seed's training run as a trial keeps it (`search.train_summary`; the curve is
+    kept apart). A field missing from an older record is null."""
+
+    status: str | None = None  # completed | stopped | diverged
+    reason: str | None = None
+    final_val_loss: float | None = None  # null when not finite
+    best_val_loss: float | None = None
+    steps: int | None = None
+    tokens_seen: int | None = None
+    flops_spent: float | None = None
+    flops_budget: float | None = None
+    wall_time_s: float | None = None
+    tokens_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    memory_kind: str | None = None  # cuda_max_allocated | cpu_peak_rss
+    device: str | None = None
+    corpus: dict[str, Scalar] | None = None  # the corpus's identity (name, checksum, sizes)
+
+
 class TrialRead(BaseModel):
     """One Optuna trial of a job: its parameters, architecture, metrics and outcome."""
 
@@ -86,11 +113,11 @@ class TrialRead(BaseModel):
     outcome: str  # a `TrialOutcome`, or "" for a trial finished outside the runner
     reason: str
     variant: str
-    params: dict[str, Any]
-    arch: dict[str, Any]
+    params: dict[str, Scalar]
+    arch: dict[str, Scalar]  # the `ArchConfig`'s fields; empty when none was built
     metrics: dict[str, float | None]
     values: list[float | None] | None
-    train: list[dict[str, Any]]
+    train: list[TrainRunRead]
     duration_s: float | None
     budget: float | None
     curve: list[list[float | None]] | None = None
@@ -110,15 +137,32 @@ class ParetoRead(BaseModel):
     front: list[TrialRead]
 
 
-class OptimumFitRead(BaseModel):
-    """The fitted d_model/L_b optimum of one variant (at one budget)."""
+class BestObservedRead(BaseModel):
+    """The trained trial of lowest loss among those fitted."""
 
-    model_config = ConfigDict(extra="allow")
+    trial: int
+    val_loss: float
+    d_model: int
+    n_layers: int
+    ratio: float
+
+
+class OptimumFitRead(BaseModel):
+    """The fitted d_model/L_b optimum of one variant (at one budget): loss against
+    x = ln(d_model/L_b) fitted by a quadratic, its vertex and a bootstrap interval."""
 
     variant: str
     n_trials: int
     n_shapes: int
-    verdict: str
+    verdict: str  # ok | at_edge | no_minimum | too_few_shapes
+    optimum_ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    fitted_loss: float | None = None
+    coefficients: list[float] = Field(default_factory=list)  # a, b, c of a·x² + b·x + c
+    explored: tuple[float, float] | None = None  # the ratio range of the data
+    best_observed: BestObservedRead | None = None
+    message: str = ""
     budget: float | None = None
 
 
@@ -127,9 +171,19 @@ class OptimumRead(BaseModel):
     fits: list[OptimumFitRead]
 
 
+class ScalingFitRead(BaseModel):
+    """ℒ = A·C^−α of one variant, from its best loss at each budget."""
+
+    variant: str
+    A: float
+    alpha: float
+    points: list[tuple[float, float]]  # (compute, loss)
+    residuals: list[float]  # of ln ℒ
+
+
 class ScalingRead(BaseModel):
     job_id: str
-    fits: dict[str, Any]
+    fits: dict[str, ScalingFitRead]
     problems: dict[str, str]
     reference: str | None = None
     loss: float | None = None
@@ -226,5 +280,9 @@ class CostRequest(BaseModel):
 
 
 class CostRead(BaseModel):
-    arch: dict[str, Any]
-    cost: dict[str, Any]
+    """The architecture priced (every field, defaults filled in) and the cost model's
+    report in sections (`CostReport.as_dict`: parameters, FLOPs, memory, communication,
+    I/O, times, the named metrics)."""
+
+    arch: dict[str, Scalar]
+    cost: dict[str, Value]

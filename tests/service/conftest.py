@@ -7,10 +7,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.service.pg_private import PostgresUnavailable, PrivatePostgres, private_postgres
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -75,3 +79,69 @@ def ray_local() -> Iterator[None]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    """The app in process on a fresh SQLite file (no runner, no Ray)."""
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", max_trials=50))
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """`depthscope serve` (the API, its runner and a local Ray) on a free port of loopback,
+    over a fresh SQLite file; its whole session stopped afterwards."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.service.apikit import ROOT, _free_port
+
+    port = _free_port()
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nas_service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{tmp_path / 'e2e.db'}",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(
+                "the server did not come up: " + (tmp_path / "server.log").read_text()[-2000:]
+            )
+        yield url
+    finally:
+        from tests.service.procs import terminate_session
+
+        terminate_session(proc, grace=60)  # the server, its runner and their Ray, nothing else

@@ -144,7 +144,7 @@ def stored_job(fuzzed: Fuzzed) -> str:
     from nas_service.db import make_engine, make_sessionmaker
     from nas_service.jobs import submit
     from nas_service.spec import parse_spec
-    from tests.service.test_api import SPEC, _synthetic
+    from tests.service.apikit import SPEC, _synthetic
 
     spec = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 40}
     url = str(fuzzed.app.state.settings.database_url)

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from tests.service.test_api import SPEC
+from tests.service.apikit import SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER = (
