@@ -27,7 +27,15 @@ import optuna
 from sqlalchemy import Connection, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import ACTIVE_STATES, Job, JobEvent, JobStatus, on_rollback, unit_of_work
+from nas_service.db import (
+    ACTIVE_STATES,
+    EventKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    on_rollback,
+    unit_of_work,
+)
 from nas_service.db.engine import SQLITE_BUSY_TIMEOUT_S, normalise_url, pool_kwargs
 from nas_service.search import create_study
 from nas_service.settings import Settings
@@ -138,7 +146,7 @@ def submit_job(
     )
     job.events.append(
         JobEvent(
-            kind="submitted",
+            kind=EventKind.SUBMITTED,
             message=f"{len(candidates)} valid candidates, {spec.n_trials} trials",
         )
     )
@@ -211,7 +219,7 @@ def cancel_job(session: Session, job_id: str) -> Job:
         raise JobStateError(f"job {job_id} is {job.status}; only pending or running jobs cancel")
     job.status = JobStatus.CANCELLED
     job.finished_at = dt.datetime.now(dt.UTC)
-    job.events.append(JobEvent(kind="cancelled", message="cancelled by request"))
+    job.events.append(JobEvent(kind=EventKind.CANCELLED, message="cancelled by request"))
     session.flush()
     return job
 

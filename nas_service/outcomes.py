@@ -15,7 +15,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.cluster import retryable
-from nas_service.db import RunState, TrialOutcome, TrialRun
+from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.failures import describe
 from nas_service.search import (
     ATTR_CURVE,
@@ -231,7 +231,7 @@ class TrialOutcomes:
     def _fail(self, flight: Flight, reason: str) -> None:
         self._tell(flight.study, flight.trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
         self._finish_run(flight, RunState.FAILED, reason)
-        self._event(flight.job_id, "trial_failed", f"trial {flight.trial.number}: {reason}")
+        self._event(flight.job_id, EventKind.TRIAL_FAILED, f"trial {flight.trial.number}: {reason}")
 
     def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
         reason = describe(exc)
@@ -243,7 +243,7 @@ class TrialOutcomes:
             )
             self._event(
                 flight.job_id,
-                "trial_retry",
+                EventKind.TRIAL_RETRY,
                 f"trial {flight.trial.number} attempt {flight.attempt}: {reason}",
             )
             self._launch(flight)

@@ -71,7 +71,7 @@ def job_results(cache: ResultsCache, job: Job) -> JobResults:
     spec = job.spec
     budget = spec["budget"].get("flops") or spec["budget"].get("tokens")
     single = None if isinstance(budget, list) else float(budget)
-    return cache.get(job.study_name, list(spec["objectives"]), single)
+    return cache.get(job.study_name, list(spec["objectives"]), single, job_id=job.id)
 
 
 def summarise(job: Job, results: JobResults) -> JobRead:
@@ -125,7 +125,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
 def new_job(job: Job) -> JobRead:
     """A job just submitted: its study has no trial yet (nothing is read for it, so the
     submission's transaction ends as soon as it can)."""
-    return summarise(job, JobResults(job.study_name, list(job.spec["objectives"])))
+    return summarise(job, JobResults(job.study_name, list(job.spec["objectives"]), []))
 
 
 def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
@@ -178,16 +178,21 @@ def trial_page(
     limit: int = 100,
     offset: int = 0,
 ) -> TrialList:
-    job = job_row(session, cache, job_id)
-    rows = [
-        r
-        for r in job_results(cache, job).rows
-        if (state is None or r.state == state) and (variant is None or r.variant == variant)
-    ]
-    page = rows[offset : offset + limit]
-    return TrialList(
-        items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
-    )
+    results = job_results(cache, job_row(session, cache, job_id))
+
+    def answer() -> TrialList:
+        rows = [
+            r
+            for r in results.rows
+            if (state is None or r.state == state) and (variant is None or r.variant == variant)
+        ]
+        page = rows[offset : offset + limit]
+        return TrialList(
+            items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
+        )
+
+    # pollers ask for the same page again and again: once per state of the study
+    return results.memoised(("trials", state, variant, curve, limit, offset), answer)
 
 
 def pareto(

@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
+from nas_service.db import EventKind, Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
 from nas_service.outcomes import conclude
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON
 
@@ -70,7 +70,7 @@ def recover_job(
     study: optuna.Study,
     sessions: sessionmaker[Session],
     max_suspect: int,
-    event: Callable[[str, str, str, dict[str, Any] | None], None],
+    event: Callable[[str, EventKind, str, dict[str, Any] | None], None],
 ) -> int:
     """Conclude `job`'s trials left RUNNING; returns how many were re-enqueued."""
     left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -128,17 +128,20 @@ def recover_job(
             else:
                 run.state, run.reason = run_state, run_reason
     if requeued:
-        event(job.id, "recovered", f"re-enqueued {requeued} trials left running", None)
+        event(job.id, EventKind.RECOVERED, f"re-enqueued {requeued} trials left running", None)
     if poisoned:
         event(
             job.id,
-            "trial_poisoned",
+            EventKind.TRIAL_POISONED,
             f"trials {', '.join(map(str, poisoned))} failed: the runner stopped while each ran",
             {"trials": poisoned},
         )
     if left and job.status != JobStatus.RUNNING:
         event(
-            job.id, "concluded", f"{len(left)} trials left running concluded as {job.status}", None
+            job.id,
+            EventKind.CONCLUDED,
+            f"{len(left)} trials left running concluded as {job.status}",
+            None,
         )
     return requeued
 
@@ -149,7 +152,11 @@ def _suspect(t: FrozenTrial) -> int:
 
 
 def record_event(sessions: sessionmaker[Session]) -> Callable[..., None]:
-    def event(job_id: str, kind: str, message: str, data: dict[str, Any] | None = None) -> None:
+    """`event(job_id, kind, message, data=None)`: one event, in a transaction of its own."""
+
+    def event(
+        job_id: str, kind: EventKind, message: str, data: dict[str, Any] | None = None
+    ) -> None:
         with sessions.begin() as s:
             s.add(JobEvent(job_id=job_id, kind=kind, message=message, data=data))
 

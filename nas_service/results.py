@@ -6,9 +6,11 @@ at 10,000 trials.
 
 The fingerprint rests on two facts of Optuna's storage: trial numbers are 0, 1, 2, … in
 order of creation, and a finished trial never changes. So a table of n trials is current
-while trial n does not exist (one indexed lookup) and its unfinished trials are unfinished
-still, in the same state (the study's running and waiting trials: at most a job's
-`max_concurrent`, plus the re-enqueued)."""
+while trial n does not exist (one indexed lookup) and none of its unfinished trials has
+finished. For a job's study the latter is read from the service's own `ds_trial_runs`
+(one indexed aggregate: the runner closes or drops a trial's run row after telling the
+trial, and recovery closes the rows of what it concludes); for any other study, from the
+states of the study's unfinished trials."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from typing import Any, TypeVar
 import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.analysis import (
     compute_multiplier,
@@ -29,7 +33,7 @@ from nas_service.analysis import (
     fit_scaling,
     pareto_front,
 )
-from nas_service.db import TrialOutcome, TrialStatus
+from nas_service.db import TrialOutcome, TrialRun, TrialStatus
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME
 
 T = TypeVar("T")
@@ -42,9 +46,9 @@ STATE_NAMES = {
     TrialState.WAITING: TrialStatus.WAITING,
 }
 _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
-#: A table's fingerprint: (its number of trials, whether trial n exists, its unfinished
-#: trials as (storage id, state)).
-Fingerprint = tuple[int, bool, tuple[tuple[int, str], ...]]
+#: A table's fingerprint: (its number of trials, whether trial n exists, and its job's run
+#: rows as (count, last id, last finish) or else its unfinished trials as (id, state)).
+Fingerprint = tuple[int, bool, tuple[Any, ...]]
 
 
 @dataclass
@@ -136,15 +140,15 @@ class JobResults:
     study_name: str
     objectives: list[str]
     rows: list[TrialRow] = field(default_factory=list)
+    fingerprint: Fingerprint = (0, False, ())
     memo: dict[Any, Any] = field(default_factory=dict)  # query answers for this fingerprint
 
-    @property
-    def fingerprint(self) -> Fingerprint:
-        return (len(self.rows), False, _unfinished(self.rows))
-
     def memoised(self, key: Any, compute: Callable[[], T]) -> T:
-        """The answer to a query, computed once per state of the study."""
+        """The answer to a query, computed once per state of the study (at most 1024 kept
+        per state: a client asking for ever new pages is answered, not remembered)."""
         if key not in self.memo:
+            if len(self.memo) >= 1024:
+                return compute()
             self.memo[key] = compute()
         value: T = self.memo[key]
         return value
@@ -160,9 +164,16 @@ def _unfinished(rows: list[TrialRow]) -> tuple[tuple[int, str], ...]:
 class ResultsCache:
     """Per-study result tables, refreshed when the study's fingerprint changes."""
 
-    def __init__(self, storage: optuna.storages.RDBStorage, fresh_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        storage: optuna.storages.RDBStorage,
+        fresh_s: float = 0.0,
+        sessions: sessionmaker[Session] | None = None,
+    ) -> None:
         self.storage = storage
         self.fresh_s = fresh_s
+        self.sessions = sessions  # the service's tables: a job's run rows
+        self._jobs: dict[str, str] = {}  # study name -> job id
         self._cache: dict[str, JobResults] = {}
         self._study_ids: dict[str, int] = {}
         self._checked: dict[str, tuple[float, Fingerprint]] = {}
@@ -214,6 +225,9 @@ class ResultsCache:
             cached = self._cache.get(study_name)
         n = len(cached.rows) if cached is not None else 0
         more = self._trial_id(sid, n) is not None
+        job_id = self._jobs.get(study_name)
+        if job_id is not None and self.sessions is not None:
+            return (n, more, self._runs(job_id))
         if cached is not None and not more and not _unfinished(cached.rows):
             return (n, False, ())
         unfinished = self.storage.get_all_trials(sid, deepcopy=False, states=_UNFINISHED)
@@ -223,6 +237,17 @@ class ResultsCache:
             tuple(sorted((t._trial_id, str(STATE_NAMES[t.state])) for t in unfinished)),
         )
 
+    def _runs(self, job_id: str) -> tuple[str, ...]:
+        """The job's run rows: how many, the last made, the last finish (one indexed read)."""
+        assert self.sessions is not None
+        with self.sessions() as s:
+            row = s.execute(
+                select(
+                    func.count(TrialRun.id), func.max(TrialRun.id), func.max(TrialRun.finished_at)
+                ).where(TrialRun.job_id == job_id)
+            ).one()
+        return tuple(str(v) for v in row)
+
     def _trial_id(self, study_id: int, number: int) -> int | None:
         try:
             return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
@@ -230,10 +255,17 @@ class ResultsCache:
             return None
 
     def get(
-        self, study_name: str, objectives: list[str], budget: float | None = None
+        self,
+        study_name: str,
+        objectives: list[str],
+        budget: float | None = None,
+        job_id: str | None = None,
     ) -> JobResults:
-        """The job's table. Finished trials never change in Optuna, so a refresh fetches
-        only the trials added since the last one and those that were still unfinished."""
+        """The table of `job_id`'s study (or of any study). Finished trials never change in
+        Optuna, so a refresh fetches only the trials added since the last one and those that
+        were still unfinished."""
+        if job_id is not None:
+            self._jobs[study_name] = job_id
         fp = self._fingerprint(study_name)
         with self._lock:
             cached = self._cache.get(study_name)
@@ -241,7 +273,10 @@ class ResultsCache:
             return cached
         read_at = time.monotonic()
         rows = self._refresh(study_name, cached, objectives, budget)
-        results = JobResults(study_name, objectives, rows)
+        # current as of the fingerprint read before it: a change since shows at the next one
+        runs = fp[2] if study_name in self._jobs and self.sessions is not None else None
+        table = (len(rows), False, runs if runs is not None else _unfinished(rows))
+        results = JobResults(study_name, objectives, rows, table)
         with self._lock:
             self._cache[study_name] = results
         self._checked[study_name] = (read_at, results.fingerprint)  # current as of its read

@@ -37,6 +37,7 @@ from sqlalchemy import select
 
 from nas_service.cluster import connect_ray, largest_node, shutdown_ray
 from nas_service.db import (
+    EventKind,
     Job,
     JobEvent,
     JobStatus,
@@ -264,7 +265,9 @@ class Runner(TrialOutcomes):
                 row = s.get(Job, job.id)
                 assert row is not None
                 row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
-                row.events.append(JobEvent(kind="started", message=f"on cluster {self.cluster}"))
+                row.events.append(
+                    JobEvent(kind=EventKind.STARTED, message=f"on cluster {self.cluster}")
+                )
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
         while done + len(mine) < spec.n_trials and len(mine) < spec.max_concurrent:
@@ -280,7 +283,7 @@ class Runner(TrialOutcomes):
                 row = s.get(Job, job.id)
                 assert row is not None
                 row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
-                row.events.append(JobEvent(kind="completed", message=f"{done} trials"))
+                row.events.append(JobEvent(kind=EventKind.COMPLETED, message=f"{done} trials"))
             self.jobs.pop(job.id, None)
 
     def _check_resources(self, spec: JobSpec) -> None:
@@ -299,7 +302,7 @@ class Runner(TrialOutcomes):
         self.errors[job_id] += 1
         log.warning("job %s: %s", job_id, reason, exc_info=not fatal)
         if not fatal and self.errors[job_id] < self.settings.max_job_errors:
-            self._event(job_id, "runner_error", reason)
+            self._event(job_id, EventKind.RUNNER_ERROR, reason)
             return
         if not fatal:
             reason = f"{self.errors[job_id]} errors while running its trials; the last: {reason}"
@@ -309,7 +312,7 @@ class Runner(TrialOutcomes):
             if row is not None and row.status.active:
                 row.status, row.error = JobStatus.FAILED, reason
                 row.finished_at = dt.datetime.now(dt.UTC)
-                row.events.append(JobEvent(kind="failed", message=reason))
+                row.events.append(JobEvent(kind=EventKind.FAILED, message=reason))
         self.jobs.pop(job_id, None)
 
     def _ask(self, job_id: str, active: ActiveJob) -> Flight | None:
@@ -340,7 +343,7 @@ class Runner(TrialOutcomes):
             self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
             self._update_run(run_id, trial.number)
             self._close_run(run_id, RunState.FAILED, reason)
-            self._event(job_id, "trial_failed", f"trial {trial.number}: {reason}")
+            self._event(job_id, EventKind.TRIAL_FAILED, f"trial {trial.number}: {reason}")
             self._job_error(job_id, exc)
             return None
         self.flights.append(flight)

@@ -46,7 +46,9 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
             max(1, settings.db_pool_size + settings.db_max_overflow)
         )
         app.state.results = ResultsCache(
-            optuna_storage(settings.database_url, settings), fresh_s=settings.results_fresh_s
+            optuna_storage(settings.database_url, settings),
+            fresh_s=settings.results_fresh_s,
+            sessions=app.state.sessions,
         )
 
         def start(name: str) -> subprocess.Popen[bytes]:

@@ -85,6 +85,22 @@ class TrialStatus(enum.StrEnum):
         return self in (TrialStatus.COMPLETE, TrialStatus.PRUNED, TrialStatus.FAILED)
 
 
+class EventKind(enum.StrEnum):
+    """What happened to a job (`ds_job_events.kind`)."""
+
+    SUBMITTED = "submitted"
+    STARTED = "started"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TRIAL_FAILED = "trial_failed"
+    TRIAL_RETRY = "trial_retry"
+    TRIAL_POISONED = "trial_poisoned"
+    RECOVERED = "recovered"  # trials a stopped runner left were re-enqueued
+    CONCLUDED = "concluded"  # trials left running were concluded as their job's status
+    RUNNER_ERROR = "runner_error"
+
+
 JOB_STATES = tuple(JobStatus)
 RUN_STATES = tuple(RunState)
 
@@ -154,7 +170,7 @@ class JobEvent(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(ForeignKey("ds_jobs.id", ondelete="CASCADE"), index=True)
     at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), default=_now)
-    kind: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[EventKind] = mapped_column(StrEnumColumn(EventKind, 32))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON, default=None)
 
