@@ -39,10 +39,11 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     the response is sent, so a failed commit is the response), rolled back when it raises.
     The service functions it is handed to never commit.
 
-    The commit runs at once, in the event loop, when the route has returned: a transaction
-    holding the submission lock ends without waiting for a thread (every thread may be busy
-    with routes waiting for that lock). A rollback, which may undo work outside the
-    database (`db.on_rollback`), runs in a thread of `app.state.session_threads`."""
+    A synchronous route's `ApiRoute` commits in the route's own thread as soon as it
+    returns, so a transaction holding the submission lock ends without waiting for the
+    event loop or a free thread; this commits whatever is left. A rollback, which may undo
+    work outside the database (`db.on_rollback`), runs in a thread of
+    `app.state.session_threads`, never queued behind the routes."""
     threads: anyio.CapacityLimiter = request.app.state.session_threads
     session: Session = request.app.state.sessions()
     try:
