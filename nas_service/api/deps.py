@@ -13,7 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
-from nas_service.db import roll_back
+from nas_service.db import roll_back, wrote
 from nas_service.results import ResultsCache
 from nas_service.settings import Settings
 
@@ -49,7 +49,8 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     try:
         try:
             yield session
-            session.commit()
+            if wrote(session):  # else its close ends the read
+                session.commit()
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await run_sync(roll_back, session, limiter=threads)

@@ -34,6 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nas_service.api.deps import check_token, require_token
 from nas_service.api.errors import error_body
+from nas_service.db import wrote
 
 #: The dependencies of every router but health's: the bearer token (see `ApiRoute`).
 SECURED = [Depends(require_token)]
@@ -260,7 +261,7 @@ def ending_transactions(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         result = endpoint(*args, **kwargs)
         for value in kwargs.values():
-            if isinstance(value, Session):
+            if isinstance(value, Session) and wrote(value):
                 value.commit()
         return result
 

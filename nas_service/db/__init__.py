@@ -18,7 +18,7 @@ from nas_service.db.models import (
     TrialRun,
     TrialStatus,
 )
-from nas_service.db.session import commit, on_rollback, roll_back, unit_of_work
+from nas_service.db.session import commit, on_rollback, roll_back, track_writes, unit_of_work, wrote
 
 __all__ = [
     "ACTIVE_STATES",
@@ -44,6 +44,8 @@ __all__ = [
     "normalise_url",
     "on_rollback",
     "roll_back",
+    "track_writes",
     "unit_of_work",
     "upgrade",
+    "wrote",
 ]

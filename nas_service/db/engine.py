@@ -71,4 +71,8 @@ def make_engine(
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    return sessionmaker(engine, expire_on_commit=False)
+    from nas_service.db.session import track_writes
+
+    sessions = sessionmaker(engine, expire_on_commit=False)
+    track_writes(sessions)
+    return sessions

@@ -11,12 +11,34 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import event
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 
 log = logging.getLogger(__name__)
 
 _UNDO = "ds_on_rollback"
+_WROTE = "ds_wrote"
+
+
+def track_writes(sessions: sessionmaker[Session]) -> None:
+    """Mark a session of `sessions` that flushed or executed DML (`wrote`): a transaction
+    that only read need not be committed (its close rolls it back, one round trip less)."""
+
+    @event.listens_for(sessions, "after_flush")
+    def _flushed(session: Session, _context: Any) -> None:
+        session.info[_WROTE] = True
+
+    @event.listens_for(sessions, "do_orm_execute")
+    def _executed(state: ORMExecuteState) -> None:
+        if state.is_insert or state.is_update or state.is_delete:
+            state.session.info[_WROTE] = True
+
+
+def wrote(session: Session) -> bool:
+    """Whether the session's transaction wrote anything (see `track_writes`)."""
+    return bool(session.info.get(_WROTE))
 
 
 def on_rollback(session: Session, undo: Callable[[], None]) -> None:
@@ -38,6 +60,7 @@ def roll_back(session: Session) -> None:
         session.rollback()
     except Exception:  # the database gone: the transaction ends with the connection
         log.warning("rollback failed", exc_info=True)
+    session.info.pop(_WROTE, None)
     _undo(session)
 
 
@@ -49,6 +72,7 @@ def commit(session: Session) -> None:
         roll_back(session)
         raise
     session.info.pop(_UNDO, None)
+    session.info.pop(_WROTE, None)
 
 
 @contextmanager
