@@ -250,10 +250,11 @@ class StrictJSONRequest(Request):
 
 
 def ending_transactions(endpoint: Callable[..., Any]) -> Callable[..., Any]:
-    """A synchronous endpoint that commits the request's session (`deps.SessionDep`) in its
-    own thread as soon as it returns: the transaction, with any lock it holds (the
-    submission lock), ends at once, not when the event loop next reaches the dependency's
-    end (which commits what is left, and rolls back on error)."""
+    """A synchronous endpoint that ends the request's session (`deps.SessionDep`) in its
+    own thread as soon as it returns: committed if it wrote, then closed. The transaction,
+    with any lock it holds (the submission lock), ends at once, not when the event loop
+    next reaches the dependency's end (which rolls back on error); and no round trip to
+    the database (a close's rollback) runs in the event loop."""
     if inspect.iscoroutinefunction(endpoint):
         return endpoint
 
@@ -261,8 +262,10 @@ def ending_transactions(endpoint: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         result = endpoint(*args, **kwargs)
         for value in kwargs.values():
-            if isinstance(value, Session) and wrote(value):
-                value.commit()
+            if isinstance(value, Session):
+                if wrote(value):
+                    value.commit()
+                value.close()  # its connection back to the pool from here, not the event loop
         return result
 
     return run
