@@ -10,7 +10,8 @@ from collections.abc import Iterator
 
 import ray
 
-from workers.train import EvalPoint, TrainResult, TrainSpec, train, training_run
+from workers.contract import EvalPoint, TrainResult, TrainSpec
+from workers.train import train, training_run
 
 
 def stream_training(spec: TrainSpec) -> Iterator[EvalPoint | TrainResult]:

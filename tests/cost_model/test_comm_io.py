@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
-from cost_model import VARIANTS, ArchConfig, Parallelism, Workload, pipeline_comm, residual_io
+from cost_model import (
+    VARIANTS,
+    ArchConfig,
+    Parallelism,
+    Variant,
+    Workload,
+    pipeline_comm,
+    residual_io,
+)
 from cost_model.comm import (
     allreduce_bytes,
     pipeline_bubble_fraction,
@@ -81,7 +91,7 @@ def test_tensor_parallel_bytes() -> None:
     assert allreduce_bytes(100, 1) == 0
 
 
-def paper_cfg(variant: str) -> ArchConfig:
+def paper_cfg(variant: Variant) -> ArchConfig:
     return ArchConfig(
         n_layers=64,
         d_model=1024,
@@ -93,10 +103,8 @@ def paper_cfg(variant: str) -> ArchConfig:
 
 def test_table1_residual_io() -> None:
     """L = 128, N = 8, S = 16, m = 4: 3d, 34d + 48, 24d, 5.5d."""
-    rows = {
-        v: residual_io(paper_cfg(v))
-        for v in ("baseline", "mhc_lite", "full_attnres", "block_attnres")
-    }
+    table1: tuple[Variant, ...] = ("baseline", "mhc_lite", "full_attnres", "block_attnres")
+    rows = {v: residual_io(paper_cfg(v)) for v in table1}
     assert (rows["baseline"].d_multiple, rows["baseline"].scalars) == (3, 0)
     assert (rows["mhc_lite"].d_multiple, rows["mhc_lite"].scalars) == (34, 48)
     assert (rows["full_attnres"].d_multiple, rows["full_attnres"].scalars) == (24, 0)
@@ -118,7 +126,7 @@ def test_io_general_formulas() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_has_io_at_least_standard(variant: str) -> None:
+def test_every_variant_has_io_at_least_standard(variant: Variant) -> None:
     assert residual_io(paper_cfg(variant)).d_multiple >= 3
 
 
@@ -135,7 +143,8 @@ def test_pipeline_streams_and_dense_block_outputs() -> None:
     assert dense.naive_bytes_per_token == sum(simulate(4, 2, 4, False)) * d * e
     assert dense.cached_bytes_per_token == sum(simulate(4, 2, 4, True)) * d * e
     assert dense.cached_peak_bytes_per_token == 4 * n_p * d * e
-    for variant in VARIANTS:  # one chunk: nothing crosses
+    # VARIANTS is get_args(Variant), typed as plain strings
+    for variant in cast(tuple[Variant, ...], VARIANTS):  # one chunk: nothing crosses
         cfg = paper_cfg(variant)
         alone = pipeline_comm(cfg, Parallelism())
         assert alone.naive_bytes_per_token == alone.cached_bytes_per_token == 0, variant

@@ -7,6 +7,7 @@ import pytest
 from cost_model import (
     VARIANTS,
     ArchConfig,
+    Variant,
     decode_flops_per_token,
     forward_flops_per_token,
     param_count,
@@ -102,7 +103,7 @@ def test_prefill_and_decode() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_every_variant_costs_at_least_the_baseline(variant: str) -> None:
+def test_every_variant_costs_at_least_the_baseline(variant: Variant) -> None:
     cfg = ArchConfig(
         n_layers=8,
         d_model=128,

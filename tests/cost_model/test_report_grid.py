@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import cast
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from cost_model import (
     ArchConfig,
     ArchConfigError,
     Parallelism,
+    Variant,
     Workload,
     price,
     price_grid,
@@ -24,9 +26,9 @@ PAR = Parallelism(tensor=2, pipeline=2, virtual=2, data=4, sequence_parallel=Tru
 
 
 def random_configs(rng: random.Random, n: int) -> list[ArchConfig]:
-    out = []
+    out: list[ArchConfig] = []
     while len(out) < n:
-        variant = rng.choice(VARIANTS)
+        variant = cast(Variant, rng.choice(VARIANTS))  # VARIANTS is get_args(Variant)
         n_layers = rng.randint(1, 24)
         heads = rng.choice([1, 2, 4, 8])
         d = heads * rng.choice([16, 32, 64])

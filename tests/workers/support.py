@@ -4,12 +4,14 @@ equality of values and gradients."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cost_model import ArchConfig
-from workers.model import DepthMixer, build_model
+from workers.model import DepthMixer, DepthscopeLM, build_model
 
-SHAPES = [
+SHAPES: list[dict[str, Any]] = [  # keyword arguments of ArchConfig
     {},
     {"mlp": "swiglu", "norm": "layernorm", "positions": "learned", "bias": True},
     {"n_kv_heads": 2, "tie_embeddings": False, "vocab_size": 97},
@@ -58,9 +60,17 @@ def paper_sources(
         return [emb, *outs]
     l = len(outs)  # index of the next sublayer
     n = l // block_size  # the next sublayer is in block n (0-based)
-    blocks = [sum(outs[b * block_size : (b + 1) * block_size]) for b in range(n)]
+    blocks = [tensor_sum(outs[b * block_size : (b + 1) * block_size]) for b in range(n)]
     partial = outs[n * block_size : l]
-    return [emb, *blocks] + ([sum(partial)] if partial else [])  # a zero partial is no source
+    # a zero partial is no source
+    return [emb, *blocks] + ([tensor_sum(partial)] if partial else [])
+
+
+def tensor_sum(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`sum` of a non-empty list of tensors (the built-in's start is 0, hence its type)."""
+    total = sum(tensors)
+    assert isinstance(total, torch.Tensor)
+    return total
 
 
 def fp64_mixer_and_sources(
@@ -110,7 +120,7 @@ def assert_same_with_gradients(
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def run_schedules(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+def run_schedules(model: DepthscopeLM, idx: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
     """Prefill 16 tokens, then decode the rest one by one, under both schedules; keep the
     logits and the depth path's output (the input of the final norm)."""
     hidden: list[torch.Tensor] = []

@@ -78,7 +78,8 @@ def run(script: str, *args: str) -> dict[str, float]:
         timeout=300,
         check=True,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    figures: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return figures
 
 
 def test_training_steps_reuse_their_pages() -> None:

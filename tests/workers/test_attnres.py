@@ -17,6 +17,7 @@ from workers.model import (
     IMPLS,
     BlockAttnRes,
     FullAttnRes,
+    Impl,
     build_model,
     depth_attend,
     depth_attention,
@@ -37,7 +38,7 @@ each_impl = pytest.mark.parametrize("impl", IMPLS)
     + [("block_attnres", s) for s in (1, 2, 3, 5, 12)],
 )
 def test_initial_inputs_are_the_mean_of_the_sources(
-    variant: str, block_size: int | None, impl: str
+    variant: str, block_size: int | None, impl: Impl
 ) -> None:
     cfg = make(variant, block_size=block_size, n_layers=6)
     model = build_model(cfg, mixer_impl=impl)
@@ -51,7 +52,7 @@ def test_initial_inputs_are_the_mean_of_the_sources(
 
 
 @each_impl
-def test_sigmoid_ablation_starts_at_half_the_sum(impl: str) -> None:
+def test_sigmoid_ablation_starts_at_half_the_sum(impl: Impl) -> None:
     model = build_model(make("attnres_sigmoid"), mixer_impl=impl)
     gen = torch.Generator().manual_seed(0)
     emb = torch.randn(1, 3, 64, generator=gen)
@@ -63,7 +64,7 @@ def test_sigmoid_ablation_starts_at_half_the_sum(impl: str) -> None:
 @each_impl
 @pytest.mark.parametrize("block_size", [1, 2, 3, 4, 5, 12])
 def test_block_attnres_matches_the_definition_with_trained_queries(
-    block_size: int, impl: str
+    block_size: int, impl: Impl
 ) -> None:
     """Non-zero queries and gains: every input is the softmax over the paper's sources with
     RMSNorm keys, no 1/√d."""
@@ -71,6 +72,7 @@ def test_block_attnres_matches_the_definition_with_trained_queries(
     model = build_model(cfg, mixer_impl=impl)
     perturb(model, 0.5)
     mixer = model.mixer
+    assert isinstance(mixer, BlockAttnRes) and mixer.key_gains is not None
     gen = torch.Generator().manual_seed(3)
     emb = torch.randn(2, 4, 64, generator=gen)
     outs = [torch.randn(2, 4, 64, generator=gen) for _ in range(cfg.n_sublayers)]
@@ -84,7 +86,7 @@ def test_block_attnres_matches_the_definition_with_trained_queries(
 
 
 @each_impl
-def test_block_size_one_is_full_attnres(impl: str) -> None:
+def test_block_size_one_is_full_attnres(impl: Impl) -> None:
     full = build_model(make("full_attnres", n_layers=4), mixer_impl=impl)
     perturb(full, 0.5)
     block = build_model(make("block_attnres", block_size=1, n_layers=4), mixer_impl=impl)
@@ -94,11 +96,12 @@ def test_block_size_one_is_full_attnres(impl: str) -> None:
 
 
 @each_impl
-def test_one_block_is_a_standard_residual_with_the_embedding_apart(impl: str) -> None:
+def test_one_block_is_a_standard_residual_with_the_embedding_apart(impl: Impl) -> None:
     """S = L: every sublayer mixes exactly two sources, the embedding and the running sum of
     all earlier outputs (the standard residual stream without the embedding)."""
     cfg = make("block_attnres", block_size=8, n_layers=4)
     mixer = build_model(cfg, mixer_impl=impl).mixer
+    assert isinstance(mixer, BlockAttnRes) and mixer.key_gains is not None
     perturb(mixer, 0.5)
     gen = torch.Generator().manual_seed(5)
     emb = torch.randn(1, 3, 64, generator=gen)
@@ -107,6 +110,7 @@ def test_one_block_is_a_standard_residual_with_the_embedding_apart(impl: str) ->
     torch.testing.assert_close(inputs[0], emb)
     for l in range(1, 8):
         stream = sum(outs[:l])
+        assert isinstance(stream, torch.Tensor)  # l >= 1 outputs
         q = mixer.queries[l] * mixer.key_gains[l]
         a = torch.stack(
             [(rms_normalize(emb) * q).sum(-1), (rms_normalize(stream) * q).sum(-1)]
@@ -277,6 +281,7 @@ def test_online_queries_follow_the_parameters() -> None:
     model = build_model(make("block_attnres", block_size=2, n_layers=3)).eval()
     idx = torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(1))
     mixer = model.mixer
+    assert isinstance(mixer, BlockAttnRes)
 
     def agree() -> torch.Tensor:
         two = model.step(idx, model.new_cache(), "two_phase")

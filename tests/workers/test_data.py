@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from workers import data
+from workers.contract import TrainSpecError
 from workers.data import (
     Corpus,
     CorpusError,
@@ -21,7 +22,6 @@ from workers.data import (
     load_corpus,
     stdlib_documents,
 )
-from workers.train import TrainSpecError
 
 
 def checksum(corpus: Corpus) -> str:
@@ -385,7 +385,7 @@ def test_too_small_for_a_batch(counting: Corpus, tmp_path: Path) -> None:
 def test_field_errors_survive_pickling(cls: type[ValueError], field: str, reason: str) -> None:
     """They cross Ray (and multiprocessing) pickled: the field and reason arrive intact,
     not as an "UnserializableException" (their __init__ takes (field, reason))."""
-    err = cls(field, reason)  # type: ignore[call-arg]
+    err = cls(field, reason)
     back = pickle.loads(pickle.dumps(err))
     assert type(back) is cls
     assert (back.field, back.reason, str(back)) == (field, reason, f"{field}: {reason}")  # type: ignore[attr-defined]

@@ -52,10 +52,17 @@ def test_depth_stacks_in_flight_together_and_kept_graphs(variant: str) -> None:
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randint(0, 256, (2, 16), generator=gen) for _ in range(2))
 
+    def param_grads() -> list[torch.Tensor]:
+        out = []
+        for p in model.parameters():
+            assert p.grad is not None
+            out.append(p.grad.clone())
+        return out
+
     def grads(idx: torch.Tensor) -> list[torch.Tensor]:
         model.zero_grad()
         model(idx, idx.roll(-1, 1))[1].backward()
-        return [p.grad.clone() for p in model.parameters()]
+        return param_grads()
 
     alone_a, alone_b = grads(a), grads(b)
     model.zero_grad()
@@ -64,13 +71,13 @@ def test_depth_stacks_in_flight_together_and_kept_graphs(variant: str) -> None:
     with torch.no_grad():
         model(b)
     torch.autograd.backward(loss_b, retain_graph=True)
-    got_b = [p.grad.clone() for p in model.parameters()]
+    got_b = param_grads()
     model.zero_grad()
     torch.autograd.backward(loss_a)
-    got_a = [p.grad.clone() for p in model.parameters()]
+    got_a = param_grads()
     model.zero_grad()
     torch.autograd.backward(loss_b)  # the kept graph, a second time
-    again_b = [p.grad.clone() for p in model.parameters()]
+    again_b = param_grads()
     for want, *got in zip(alone_a, got_a, strict=True):
         torch.testing.assert_close(got[0], want, rtol=1e-12, atol=1e-12)
     for want, g1, g2 in zip(alone_b, got_b, again_b, strict=True):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cost_model import VARIANTS
-from workers.model import IMPLS, MIXERS, DepthMixer, build_model, make_mixer
+from workers.model import IMPLS, MIXERS, DepthMixer, MHCLite, build_model, make_mixer
 
 from .support import (
     assert_same_with_gradients,
@@ -158,6 +158,7 @@ def test_mhc_lite_initial_state_and_doubly_stochastic_mixing() -> None:
     H_post = 1; for any parameters H_res is doubly stochastic and H_post lies in [0, 2]."""
     model = build_model(make("mhc_lite"))
     mixer = model.mixer
+    assert isinstance(mixer, MHCLite)
     emb = torch.randn(2, 5, 64, generator=torch.Generator().manual_seed(0))
     state = mixer.begin(emb)
     torch.testing.assert_close(mixer.input(state, 0), emb, rtol=1e-5, atol=1e-6)

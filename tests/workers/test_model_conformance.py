@@ -168,7 +168,10 @@ def test_kv_cache_is_written_in_place_and_grows_by_doubling() -> None:
     seen = []  # (capacity, buffer) after each token
     for t in range(5, 32):
         logits.append(model.step(idx[:, t : t + 1], cache))
-        seen.append((cache.k[0].shape[2], cache.k[0].data_ptr()))
+        k = cache.k[0]
+        assert k is not None
+        seen.append((k.shape[2], k.data_ptr()))
+    assert cache.k[0] is not None
     assert cache.k[0].shape == (2, 2, 32, 16)  # (B, H_kv, capacity, Dh)
     assert sorted({c for c, _ in seen}) == [10, 20, 32]  # 5 → 10 → 20 → 32 (the context)
     for (c0, b0), (c1, b1) in itertools.pairwise(seen):
@@ -226,7 +229,7 @@ def test_same_seed_same_loss(variant: str) -> None:
         idx = torch.randint(0, 256, (2, 32))
         value = model(idx, idx.roll(-1, 1))[1]
         assert value is not None
-        return value.item()
+        return float(value.item())
 
     assert loss(0) == loss(0)
     assert loss(0) != loss(1)
@@ -252,7 +255,8 @@ def test_norm_epsilon_never_decides_the_logits(monkeypatch: pytest.MonkeyPatch) 
 
     def logits(eps: float) -> torch.Tensor:
         monkeypatch.setattr(layers_module, "NORM_EPS", eps)
-        return model(idx)[0]
+        logits: torch.Tensor = model(idx)[0]
+        return logits
 
     exact = logits(0.0)
     ours = logits(layers_module.NORM_EPS if layers_module.NORM_EPS else 1e-10)

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
 from cost_model import ArchConfig
-from workers.train import EvalPoint, TrainResult, TrainSpec
+from workers.contract import EvalPoint, TrainResult, TrainSpec
+
+if TYPE_CHECKING:
+    from ray import ObjectRefGenerator
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -24,7 +29,7 @@ SPEC = TrainSpec(
 
 
 @pytest.fixture(scope="module")
-def ray_local() -> Iterator[object]:
+def ray_local() -> Iterator[ModuleType]:
     ray = pytest.importorskip("ray")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -32,7 +37,7 @@ def ray_local() -> Iterator[object]:
     ray.shutdown()
 
 
-def test_plain_task_returns_the_result(ray_local) -> None:  # type: ignore[no-untyped-def]
+def test_plain_task_returns_the_result(ray_local: ModuleType) -> None:
     from workers.task import train_task
 
     result = ray_local.get(train_task.remote(SPEC), timeout=180)
@@ -41,20 +46,22 @@ def test_plain_task_returns_the_result(ray_local) -> None:  # type: ignore[no-un
     assert [p.step for p in result.curve] == [10, 20, 30]
 
 
-def test_streaming_task_yields_points_then_the_result(ray_local) -> None:  # type: ignore[no-untyped-def]
+def test_streaming_task_yields_points_then_the_result(ray_local: ModuleType) -> None:
     from workers.task import train_streaming
 
-    items = [ray_local.get(ref, timeout=180) for ref in train_streaming.remote(SPEC)]
+    # num_returns="streaming": Ray's stubs type the call as one ObjectRef of the generator
+    refs = cast("ObjectRefGenerator", train_streaming.remote(SPEC))
+    items = [ray_local.get(ref, timeout=180) for ref in refs]
     assert [type(i) for i in items] == [EvalPoint, EvalPoint, EvalPoint, TrainResult]
     result = items[-1]
     assert [p.val_loss for p in items[:-1]] == [p.val_loss for p in result.curve]
 
 
-def test_cancelling_a_streaming_task_stops_it(ray_local) -> None:  # type: ignore[no-untyped-def]
+def test_cancelling_a_streaming_task_stops_it(ray_local: ModuleType) -> None:
     from workers.task import train_streaming
 
     long = SPEC.replace(budget_tokens=4 * 32 * 100_000, eval_interval=5)
-    gen = train_streaming.remote(long)
+    gen = cast("ObjectRefGenerator", train_streaming.remote(long))  # num_returns="streaming"
     first = ray_local.get(next(gen), timeout=180)
     assert isinstance(first, EvalPoint) and first.step == 5
     ray_local.cancel(gen)

@@ -11,14 +11,15 @@ import sys
 import pytest
 
 from cost_model import ArchConfig, tokens_for_budget, training_flops_per_token
-from workers.data import load_corpus
-from workers.train import EvalPoint, TrainSpec, TrainSpecError, lr_at, train
+from workers.contract import EvalPoint, TrainSpec, TrainSpecError
+from workers.data import Corpus, load_corpus
+from workers.train import lr_at, train
 
 TINY = ArchConfig(n_layers=2, d_model=64, n_heads=4, seq_len=64)
 
 
 @pytest.fixture(scope="module")
-def corpus():  # type: ignore[no-untyped-def]
+def corpus() -> Corpus:
     return load_corpus()
 
 
@@ -33,7 +34,7 @@ def spec(**kw: object) -> TrainSpec:
     return TrainSpec(**base)  # type: ignore[arg-type]
 
 
-def test_flops_budget_buys_the_cost_model_tokens(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_flops_budget_buys_the_cost_model_tokens(corpus: Corpus) -> None:
     budget = 2e10
     for arch in (
         TINY,
@@ -51,7 +52,7 @@ def test_flops_budget_buys_the_cost_model_tokens(corpus) -> None:  # type: ignor
         assert result.flops_budget == budget
 
 
-def test_training_learns_and_reports(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_training_learns_and_reports(corpus: Corpus) -> None:
     steps_seen: list[int] = []
     result = train(
         spec(budget_tokens=8 * 64 * 120, lr=1e-2, eval_interval=30),
@@ -72,7 +73,7 @@ def test_training_learns_and_reports(corpus) -> None:  # type: ignore[no-untyped
     json.dumps(result.as_dict())  # plain data all the way down
 
 
-def test_callback_stops_the_run(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_callback_stops_the_run(corpus: Corpus) -> None:
     seen: list[EvalPoint] = []
 
     def stop_after_second(point: EvalPoint) -> bool:
@@ -86,14 +87,14 @@ def test_callback_stops_the_run(corpus) -> None:  # type: ignore[no-untyped-def]
     assert "callback" in result.reason
 
 
-def test_exploding_loss_is_a_result_not_an_exception(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_exploding_loss_is_a_result_not_an_exception(corpus: Corpus) -> None:
     result = train(spec(lr=50.0, warmup_frac=0.0, grad_clip=1e9, eval_interval=2), corpus=corpus)
     assert result.status == "diverged"
     assert "loss" in result.reason or "gradient" in result.reason
     assert result.steps < 40
 
 
-def test_same_seed_same_curve(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_same_seed_same_curve(corpus: Corpus) -> None:
     a = train(spec(n_evals=3, seed=3), corpus=corpus)
     b = train(spec(n_evals=3, seed=3), corpus=corpus)
     c = train(spec(n_evals=3, seed=4), corpus=corpus)
@@ -122,12 +123,12 @@ def test_invalid_specs_name_the_field(changes: dict[str, object], field: str) ->
     assert info.value.field == field
 
 
-def test_budget_below_one_step_is_refused(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_budget_below_one_step_is_refused(corpus: Corpus) -> None:
     with pytest.raises(TrainSpecError, match=r"budget: buys 100 tokens"):
         train(spec(budget_tokens=100), corpus=corpus)
 
 
-def test_vocab_mismatch_is_refused(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_vocab_mismatch_is_refused(corpus: Corpus) -> None:
     with pytest.raises(TrainSpecError, match=r"arch\.vocab_size"):
         train(spec(arch=TINY.replace(vocab_size=100)), corpus=corpus)
 
@@ -200,7 +201,7 @@ def test_cli_trains_one_candidate() -> None:
 
 
 @pytest.mark.slow
-def test_torch_compile_trains_like_eager(corpus) -> None:  # type: ignore[no-untyped-def]
+def test_torch_compile_trains_like_eager(corpus: Corpus) -> None:
     """torch.compile is optional and off by default; on, it trains the same model to the same
     losses up to compiled-kernel rounding."""
     arch = TINY.replace(variant="block_attnres", block_size=2)
