@@ -13,6 +13,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,7 @@ def main() -> int:
             fn()
             timings[name].append(time.perf_counter() - start)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, runs in timings.items():
         med = statistics.median(runs)
         rows.append({"path": name, "points": n, "median_s": med, "candidates_per_s": n / med})

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import optuna
-from optuna.distributions import CategoricalDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import TrialState, create_trial
 
 from cost_model import ArchConfig, price
@@ -31,7 +31,7 @@ def synthetic_trials(
     residuals = CandidateSpace(spec).grid()["residual"]
     depths = [1, 2, 3, 4, 6, 8, 12, 16]
     widths = [64, 128, 192, 256, 384, 512]
-    dist = {
+    dist: dict[str, BaseDistribution] = {
         "residual": CategoricalDistribution(residuals),
         "n_layers": CategoricalDistribution(depths),
         "d_model": CategoricalDistribution(widths),

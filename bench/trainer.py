@@ -23,12 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cost_model import ArchConfig
 from workers import allocator
-from workers.data import load_corpus
+from workers.contract import TrainSpec
+from workers.data import Corpus, load_corpus
 from workers.model import build_model
-from workers.train import TrainSpec, train
+from workers.train import train
 
 
-def bare_loop(spec: TrainSpec, corpus, steps: int) -> float:  # type: ignore[no-untyped-def]
+def bare_loop(spec: TrainSpec, corpus: Corpus, steps: int) -> float:
     """Tokens per second of the plainest loop over the same model and batches."""
     torch.manual_seed(spec.seed)
     model = build_model(spec.arch)

@@ -21,10 +21,12 @@ pytestmark = [pytest.mark.slow]
 DB_DEPENDENCIES = ["sqlalchemy>=2.0", "alembic>=1.13", "pydantic>=2.6", "pydantic-settings>=2.2"]
 
 
-def run(*cmd: str | Path, **kwargs: object) -> subprocess.CompletedProcess[str]:
+def run(
+    *cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
-        [str(c) for c in cmd], capture_output=True, text=True, timeout=600, **kwargs
-    )  # type: ignore[call-overload]
+        [str(c) for c in cmd], capture_output=True, text=True, timeout=600, cwd=cwd, env=env
+    )
     assert out.returncode == 0, f"{cmd}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
     return out
 
