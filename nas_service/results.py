@@ -179,6 +179,7 @@ class ResultsCache:
         self._checked: dict[str, tuple[float, Fingerprint]] = {}
         self._recent: dict[Any, tuple[float, Any]] = {}
         self._lock = threading.Lock()
+        self._study_locks: dict[str, threading.Lock] = {}
 
     def recent(self, key: Any, compute: Callable[[], T]) -> T:
         """`compute()`, reused for `fresh_s` seconds per key (a job's row, say: pollers
@@ -266,6 +267,14 @@ class ResultsCache:
         were still unfinished."""
         if job_id is not None:
             self._jobs[study_name] = job_id
+        with self._lock:
+            study_lock = self._study_locks.setdefault(study_name, threading.Lock())
+        # one reader of a study at a time: pollers that arrive while its fingerprint is
+        # read or its table refreshed wait for that answer instead of reading it again
+        with study_lock:
+            return self._current(study_name, objectives, budget)
+
+    def _current(self, study_name: str, objectives: list[str], budget: float | None) -> JobResults:
         fp = self._fingerprint(study_name)
         with self._lock:
             cached = self._cache.get(study_name)

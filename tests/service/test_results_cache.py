@@ -1,0 +1,76 @@
+"""The results cache under many pollers of one job: one refresh serves them all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from nas_service.jobs import optuna_storage
+from nas_service.results import JobResults, ResultsCache
+
+
+def test_concurrent_readers_of_a_changed_study_share_one_refresh(tmp_path: Path) -> None:
+    """Pollers that find a study changed wait for the refresh in flight instead of each
+    reading the trials again (a herd of identical reads is what slowed the API under load)."""
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    cache = ResultsCache(storage)  # fresh_s 0: every call reads the fingerprint
+    assert len(cache.get("s", ["val_loss"]).rows) == 1
+    study.add_trial(optuna.trial.create_trial(value=2.0))
+
+    refreshes = 0
+    original = cache._refresh
+
+    def slow_refresh(*args: Any) -> Any:
+        nonlocal refreshes
+        refreshes += 1
+        time.sleep(0.3)  # long enough for every reader to arrive meanwhile
+        return original(*args)
+
+    cache._refresh = slow_refresh  # type: ignore[method-assign,assignment]
+    seen: list[JobResults] = []
+    start = threading.Barrier(8)
+
+    def read() -> None:
+        start.wait()
+        seen.append(cache.get("s", ["val_loss"]))
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(seen) == 8 and all(len(r.rows) == 2 for r in seen)
+    assert refreshes == 1
+
+
+def test_a_refresh_of_one_study_does_not_hold_up_another(tmp_path: Path) -> None:
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    for name in ("a", "b"):
+        optuna.create_study(study_name=name, storage=storage).add_trial(
+            optuna.trial.create_trial(value=1.0)
+        )
+    cache = ResultsCache(storage)
+    cache.get("b", ["val_loss"])
+    original = cache._refresh
+    entered = threading.Event()
+
+    def slow_refresh(name: str, *args: Any) -> Any:
+        if name == "a":
+            entered.set()
+            time.sleep(1.0)
+        return original(name, *args)
+
+    cache._refresh = slow_refresh  # type: ignore[method-assign,assignment]
+    slow = threading.Thread(target=cache.get, args=("a", ["val_loss"]))
+    slow.start()
+    assert entered.wait(10)
+    began = time.monotonic()
+    assert len(cache.get("b", ["val_loss"]).rows) == 1
+    assert time.monotonic() - began < 0.5  # b's answer did not wait for a's refresh
+    slow.join(timeout=30)
