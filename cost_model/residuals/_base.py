@@ -115,3 +115,24 @@ class Residual(ABC):
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """What crosses a pipeline transition when the L_b blocks are split over `chunks`
         chunks: depth representations (read by later chunks) and/or a carried state."""
+
+
+class WithoutDepthAttention(Residual):
+    """The shared terms of a variant with no attention over depth (the standard residual,
+    mHC-lite, DenseFormer): no depth blocks, no attended sources, no output aggregation."""
+
+    def n_blocks(self, cfg: _Derived) -> Any:
+        """No depth attention: 0."""
+        return 0 * cfg.n_layers
+
+    def attended_sources_total(self, cfg: _Derived) -> Any:
+        """No depth attention: 0."""
+        return 0 * cfg.n_sublayers
+
+    def aggregation_sources(self, cfg: _Derived) -> Any:
+        """No output aggregation: 0."""
+        return 0 * cfg.n_layers
+
+    def aggregation_params(self, cfg: _Derived) -> Any:
+        """No output aggregation: 0."""
+        return 0 * cfg.d_model

@@ -4,28 +4,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cost_model.residuals._base import PipelinePayload, Residual, SublayerIO
+from cost_model.residuals._base import PipelinePayload, SublayerIO, WithoutDepthAttention
 
 if TYPE_CHECKING:
     from cost_model._config import Variant, _Derived
 
 
-class Baseline(Residual):
+class Baseline(WithoutDepthAttention):
     """The standard (PreNorm) residual: the reference every other variant's costs add to."""
 
     name: ClassVar[Variant] = "baseline"
-
-    def n_blocks(self, cfg: _Derived) -> Any:
-        """No depth attention: 0."""
-        return 0 * cfg.n_layers
-
-    def attended_sources_total(self, cfg: _Derived) -> Any:
-        """No depth attention: 0."""
-        return 0 * cfg.n_sublayers
-
-    def aggregation_sources(self, cfg: _Derived) -> Any:
-        """No output aggregation: 0."""
-        return 0 * cfg.n_layers
 
     def live_sources(self, cfg: _Derived) -> Any:
         """1: the residual stream."""
@@ -40,10 +28,6 @@ class Baseline(Residual):
         return 0 * cfg.n_layers
 
     def mixing_params(self, cfg: _Derived) -> Any:
-        """None."""
-        return 0 * cfg.d_model
-
-    def aggregation_params(self, cfg: _Derived) -> Any:
         """None."""
         return 0 * cfg.d_model
 

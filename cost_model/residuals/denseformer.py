@@ -5,28 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cost_model.residuals._base import PipelinePayload, Residual, SublayerIO
+from cost_model.residuals._base import PipelinePayload, SublayerIO, WithoutDepthAttention
 
 if TYPE_CHECKING:
     from cost_model._config import Variant, _Derived
 
 
-class DenseFormer(Residual):
+class DenseFormer(WithoutDepthAttention):
     """DenseFormer: the sources are the embedding and the L_b block outputs."""
 
     name: ClassVar[Variant] = "denseformer"
-
-    def n_blocks(self, cfg: _Derived) -> Any:
-        """No depth attention: 0."""
-        return 0 * cfg.n_layers
-
-    def attended_sources_total(self, cfg: _Derived) -> Any:
-        """No depth attention (weights, not attention): 0."""
-        return 0 * cfg.n_sublayers
-
-    def aggregation_sources(self, cfg: _Derived) -> Any:
-        """No output aggregation: 0."""
-        return 0 * cfg.n_layers
 
     def live_sources(self, cfg: _Derived) -> Any:
         """L_b + 1: the embedding and every block output."""
@@ -44,10 +32,6 @@ class DenseFormer(Residual):
         """After block i (1-based) one weight per source, i + 1 (embedding and i block
         outputs): Σ_{i=1}^{L_b} (i+1) = L_b·(L_b+3)/2."""
         return cfg.n_layers * (cfg.n_layers + 3) // 2
-
-    def aggregation_params(self, cfg: _Derived) -> Any:
-        """No output aggregation: 0."""
-        return 0 * cfg.d_model
 
     def mixing_flops(self, cfg: _Derived) -> Any:
         """After block i, a weighted sum over i + 1 sources: Σ 2(i+1)·d = d·L_b(L_b+3)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from cost_model.residuals._base import FP32, PipelinePayload, Residual, SublayerIO
+from cost_model.residuals._base import FP32, PipelinePayload, SublayerIO, WithoutDepthAttention
 
 if TYPE_CHECKING:
     from cost_model._config import Variant, _Derived
@@ -19,25 +19,13 @@ def mhc_coefficient_count(streams: int) -> int:
     return 2 * streams + math.factorial(streams)
 
 
-class MHCLite(Residual):
+class MHCLite(WithoutDepthAttention):
     """mHC-lite with n = `cfg.streams` streams (the paper's mHC baseline: n = 4)."""
 
     name: ClassVar[Variant] = "mhc_lite"
     has_streams: ClassVar[bool] = True
     default_streams: ClassVar[int] = 4  # the paper's mHC baseline is mHC-lite with n = 4
     max_streams: ClassVar[int] = 6  # n! permutation matrices: 720 at n = 6 already
-
-    def n_blocks(self, cfg: _Derived) -> Any:
-        """No depth attention: 0."""
-        return 0 * cfg.n_layers
-
-    def attended_sources_total(self, cfg: _Derived) -> Any:
-        """No depth attention: 0."""
-        return 0 * cfg.n_sublayers
-
-    def aggregation_sources(self, cfg: _Derived) -> Any:
-        """No output aggregation: 0."""
-        return 0 * cfg.n_layers
 
     def live_sources(self, cfg: _Derived) -> Any:
         """The n streams."""
@@ -57,10 +45,6 @@ class MHCLite(Residual):
         three learned gate scalars α_pre, α_post, α_res: n·d·(2n+n!) + (2n+n!) + 3."""
         k = mhc_coefficient_count(cfg.streams)
         return (cfg.streams * cfg.d_model * k + k + 3) * cfg.n_sublayers
-
-    def aggregation_params(self, cfg: _Derived) -> Any:
-        """No output aggregation: 0."""
-        return 0 * cfg.d_model
 
     def mixing_flops(self, cfg: _Derived) -> Any:
         """n streams, k = 2n + n! coefficients: projection 2·n·d·k, H_pre read-out 2·n·d,
