@@ -25,7 +25,7 @@ import numpy as np
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from nas_service.analysis import (
     compute_multiplier,
@@ -168,11 +168,13 @@ class ResultsCache:
         self,
         storage: optuna.storages.RDBStorage,
         fresh_s: float = 0.0,
-        sessions: sessionmaker[Session] | None = None,
+        job_runs: bool = False,
     ) -> None:
         self.storage = storage
         self.fresh_s = fresh_s
-        self.sessions = sessions  # the service's tables: a job's run rows
+        # a job's run rows (the service's tables, same database) tell when its study changed;
+        # they are read on the storage's own pool, never on the requests' (see `_runs`)
+        self.job_runs = job_runs
         self._jobs: dict[str, str] = {}  # study name -> job id
         self._cache: dict[str, JobResults] = {}
         self._study_ids: dict[str, int] = {}
@@ -227,7 +229,7 @@ class ResultsCache:
         n = len(cached.rows) if cached is not None else 0
         more = self._trial_id(sid, n) is not None
         job_id = self._jobs.get(study_name)
-        if job_id is not None and self.sessions is not None:
+        if job_id is not None and self.job_runs:
             return (n, more, self._runs(job_id))
         if cached is not None and not more and not _unfinished(cached.rows):
             return (n, False, ())
@@ -239,9 +241,13 @@ class ResultsCache:
         )
 
     def _runs(self, job_id: str) -> tuple[str, ...]:
-        """The job's run rows: how many, the last made, the last finish (one indexed read)."""
-        assert self.sessions is not None
-        with self.sessions() as s:
+        """The job's run rows: how many, the last made, the last finish (one indexed read).
+
+        On the Optuna storage's engine, not the requests' sessions: a request asks for
+        results while its own transaction holds a connection of the requests' pool, and
+        readers queued behind this study's refresh (`get`) would hold the very connections
+        the refresh needs."""
+        with Session(self.storage.engine) as s:
             row = s.execute(
                 select(
                     func.count(TrialRun.id), func.max(TrialRun.id), func.max(TrialRun.finished_at)
@@ -283,7 +289,7 @@ class ResultsCache:
         read_at = time.monotonic()
         rows = self._refresh(study_name, cached, objectives, budget)
         # current as of the fingerprint read before it: a change since shows at the next one
-        runs = fp[2] if study_name in self._jobs and self.sessions is not None else None
+        runs = fp[2] if study_name in self._jobs and self.job_runs else None
         table = (len(rows), False, runs if runs is not None else _unfinished(rows))
         results = JobResults(study_name, objectives, rows, table)
         with self._lock:

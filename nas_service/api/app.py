@@ -48,7 +48,7 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
         app.state.results = ResultsCache(
             optuna_storage(settings.database_url, settings),
             fresh_s=settings.results_fresh_s,
-            sessions=app.state.sessions,
+            job_runs=True,
         )
 
         def start(name: str) -> subprocess.Popen[bytes]:

@@ -74,3 +74,27 @@ def test_a_refresh_of_one_study_does_not_hold_up_another(tmp_path: Path) -> None
     assert len(cache.get("b", ["val_loss"]).rows) == 1
     assert time.monotonic() - began < 0.5  # b's answer did not wait for a's refresh
     slow.join(timeout=30)
+
+
+def test_results_never_wait_for_the_pool_a_request_holds(tmp_path: Path) -> None:
+    """A request holds its session's connection while it asks for results; the cache reads
+    a job's run rows on the Optuna storage's own pool. Sharing the requests' pool, readers
+    queued behind one study's refresh held every connection that refresh needed (under load:
+    a 10 s stall, then 503s)."""
+    from sqlalchemy import select
+
+    from nas_service.db import TrialRun, make_engine, make_sessionmaker, upgrade
+
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    upgrade(url)
+    storage = optuna_storage(url)
+    optuna.create_study(study_name="s", storage=storage).add_trial(
+        optuna.trial.create_trial(value=1.0)
+    )
+    sessions = make_sessionmaker(make_engine(url, pool_size=1, max_overflow=0, pool_timeout=0.5))
+    cache = ResultsCache(storage, job_runs=True)
+    with sessions() as request:  # the request's transaction holds the pool's one connection
+        request.execute(select(TrialRun.id)).all()
+        results = cache.get("s", ["val_loss"], job_id="job-1")
+        assert len(results.rows) == 1
+        assert len(cache.get("s", ["val_loss"], job_id="job-1").rows) == 1
