@@ -9,9 +9,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
+
+#: What the fits and plots take for a column of numbers: a sequence or a 1-D array (each is
+#: read with np.asarray).
+Floats = Sequence[float] | np.ndarray
 
 # -- Pareto fronts ------------------------------------------------------------------------------
 
@@ -125,8 +129,8 @@ def _bootstrap_vertices(x: np.ndarray, y: np.ndarray, resamples: int, seed: int)
 
 def fit_optimum(
     variant: str,
-    ratios: Sequence[float],
-    losses: Sequence[float],
+    ratios: Floats,
+    losses: Floats,
     bootstrap: int = 200,
     seed: int = 0,
     level: float = 0.9,
@@ -187,8 +191,12 @@ class ScalingFit:
     points: list[tuple[float, float]]
     residuals: list[float]
 
-    def loss_at(self, compute: float) -> float:
-        loss: float = self.A * compute ** (-self.alpha)  # numpy arrays too (vectorised)
+    @overload
+    def loss_at(self, compute: float) -> float: ...
+    @overload
+    def loss_at(self, compute: np.ndarray) -> np.ndarray: ...
+    def loss_at(self, compute: float | np.ndarray) -> float | np.ndarray:
+        loss: float | np.ndarray = self.A * compute ** (-self.alpha)  # arrays too (vectorised)
         return loss
 
     def compute_for(self, loss: float) -> float:
@@ -204,7 +212,7 @@ class ScalingFit:
         }
 
 
-def fit_scaling(variant: str, compute: Sequence[float], loss: Sequence[float]) -> ScalingFit:
+def fit_scaling(variant: str, compute: Floats, loss: Floats) -> ScalingFit:
     c = np.asarray(compute, dtype=float)
     y = np.asarray(loss, dtype=float)
     if len(np.unique(c)) < 2:
@@ -230,9 +238,9 @@ def compute_multiplier(target: ScalingFit, reference: ScalingFit, loss: float) -
 
 
 def plot_pareto(
-    x: Sequence[float],
-    y: Sequence[float],
-    front: Sequence[int],
+    x: Floats,
+    y: Floats,
+    front: Sequence[int] | np.ndarray,
     labels: Sequence[str],
     x_name: str,
     y_name: str,
@@ -264,7 +272,7 @@ def plot_pareto(
 
 
 def plot_optimum(
-    data: dict[str, tuple[Sequence[float], Sequence[float]]],
+    data: dict[str, tuple[Floats, Floats]],
     fits: dict[str, OptimumFit],
     path: str,
 ) -> None:

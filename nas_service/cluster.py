@@ -100,9 +100,9 @@ def shutdown_ray(local: bool) -> None:
     own descendants taken before the shutdown, never by name.)"""
     import ray
 
-    tree = []
+    tree: list[psutil.Process] = []
     if local:
-        import psutil  # type: ignore[import-untyped]  # no stubs installed
+        import psutil
 
         tree = psutil.Process().children(recursive=True)
     ray.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,7 +62,8 @@ def test_pareto_is_fast_at_ten_thousand() -> None:
 def synthetic(opt: float, ratios: np.ndarray, noise: float, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     x = np.log(ratios)
-    return 2.0 + 0.05 * (x - math.log(opt)) ** 2 + rng.normal(0, noise, len(ratios))
+    losses: np.ndarray = 2.0 + 0.05 * (x - math.log(opt)) ** 2 + rng.normal(0, noise, len(ratios))
+    return losses
 
 
 def test_optimum_recovers_a_known_minimum() -> None:
@@ -69,6 +71,7 @@ def test_optimum_recovers_a_known_minimum() -> None:
     fit = fit_optimum("block_attnres", ratios, synthetic(45.0, ratios, 0.002), bootstrap=200)
     assert fit.verdict == "ok"
     assert fit.optimum_ratio == pytest.approx(45.0, rel=0.1)
+    assert fit.ci_low is not None and fit.ci_high is not None
     assert fit.ci_low < 45.0 < fit.ci_high
     assert fit.n_shapes == 6 and fit.n_trials == 24
 
@@ -77,6 +80,7 @@ def test_optimum_outside_the_space_is_at_the_edge() -> None:
     ratios = np.repeat([15.0, 20.0, 30.0, 40.0], 3)
     fit = fit_optimum("baseline", ratios, synthetic(120.0, ratios, 0.0005))
     assert fit.verdict == "at_edge"
+    assert fit.optimum_ratio is not None
     assert "above" in fit.message and fit.optimum_ratio > 40
 
 
@@ -119,12 +123,13 @@ def test_plots_are_written(tmp_path: Path) -> None:
 
 
 def test_scaling_by_variant_from_result_rows() -> None:
+    from nas_service.db import TrialStatus
     from nas_service.results import JobResults, TrialRow, scaling_by_variant
 
     def row(number: int, variant: str, budget: float, loss: float) -> TrialRow:
         return TrialRow(
             number,
-            "complete",
+            TrialStatus.COMPLETE,
             "completed",
             "",
             {},
@@ -166,10 +171,10 @@ def test_results_are_read_again_at_most_every_fresh_s(tmp_path: Path) -> None:
     reads = 0
     original = cache._read_fingerprint
 
-    def counting(name: str) -> tuple[object, ...]:
+    def counting(study_name: str) -> tuple[int, bool, tuple[Any, ...]]:
         nonlocal reads
         reads += 1
-        return original(name)
+        return original(study_name)
 
     cache._read_fingerprint = counting  # type: ignore[method-assign]
     assert len(cache.get("s", ["val_loss"]).rows) == 1

@@ -127,7 +127,7 @@ def test_a_database_outage_is_a_json_503(tmp_path: Path) -> None:
         ]
         live = app.state.sessions
         down = create_engine("postgresql+psycopg://postgres@127.0.0.1:1/gone")  # refused
-        busy = make_engine(c.app.state.settings.database_url, pool_size=1, max_overflow=0,
+        busy = make_engine(app.state.settings.database_url, pool_size=1, max_overflow=0,
                            pool_timeout=0.2)  # fmt: skip
         held = busy.connect()  # the pool's only connection, held: the next one times out
         try:

@@ -284,7 +284,12 @@ def test_the_runner_gets_its_arguments_in_order(monkeypatch: pytest.MonkeyPatch)
     import nas_service.runner
 
     seen: list[list[str]] = []
-    monkeypatch.setattr(nas_service.runner, "main", lambda argv: seen.append(argv) or 0)
+
+    def fake_main(argv: list[str]) -> int:
+        seen.append(argv)
+        return 0
+
+    monkeypatch.setattr(nas_service.runner, "main", fake_main)
     assert cli.main(["runner", "--cluster", "lab", "--forever"]) == 0
     assert cli.main(["runner"]) == 0
     assert seen == [["--cluster", "lab", "--forever"], []]

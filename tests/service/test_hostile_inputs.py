@@ -240,11 +240,12 @@ def test_depthscope_submit_reads_specs_the_same_way(
     with pytest.raises(cli.CliError, match="does not exist"):
         cli._cmd_submit(argparse.Namespace(spec=str(tmp_path / "none.yaml"), wait=False))
     sent: list[Any] = []
-    monkeypatch.setattr(
-        cli,
-        "_request",
-        lambda *a, **k: sent.append(k["json"]) or {"id": "1", "name": "q", "n_trials": 1},
-    )
+
+    def fake_request(*a: Any, **k: Any) -> dict[str, Any]:
+        sent.append(k["json"])
+        return {"id": "1", "name": "q", "n_trials": 1}
+
+    monkeypatch.setattr(cli, "_request", fake_request)
     assert (
         cli._cmd_submit(argparse.Namespace(spec=str(ROOT / "examples" / "quick.yaml"), wait=False))
         == 0

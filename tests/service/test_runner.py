@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from optuna.trial import TrialState
+from pydantic import SecretStr
 from sqlalchemy import select
 
 from cost_model import METRICS
@@ -369,7 +370,7 @@ def test_job_on_a_separately_started_ray_cluster(
 ) -> None:
     address, token = ray_head
     upgrade(sqlite_url)
-    lab = ClusterSettings(address=address, auth_mode="token", auth_token=token)
+    lab = ClusterSettings(address=address, auth_mode="token", auth_token=SecretStr(token))
     settings = get_settings(
         database_url=sqlite_url, clusters={"local": ClusterSettings(), "lab": lab}
     )
@@ -396,6 +397,7 @@ def test_job_on_a_separately_started_ray_cluster(
     assert "Connected to Ray cluster" in out.stderr
     with Session() as s:
         row = s.get(Job, job.id)
+        assert row is not None
         assert row.status == "completed"
         assert "on cluster lab" in next(e.message for e in row.events if e.kind == "started")
     assert len(counted(study_of(sqlite_url, job))) == 3
