@@ -381,7 +381,7 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="ds-load-"))
     drop = None
     if args.db == "postgres":
-        import support  # bench/support.py: this script's folder is on sys.path
+        from bench import support
 
         db_url, drop = support.temp_postgres()
     else:
