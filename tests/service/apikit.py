@@ -16,27 +16,16 @@ import httpx
 
 from nas_service.api.app import create_app
 from nas_service.settings import get_settings
+from tests.service.jobkit import TINY
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-SPEC: dict[str, Any] = {
+SPEC: dict[str, Any] = TINY | {
     "name": "api",
-    "space": {
-        "n_layers": [1, 2],
-        "d_model": [32, 64],
-        "head_dim": 16,
-        "variants": ["baseline", "block_attnres"],
-        "block_sizes": [1],
-    },
-    "budget": {"tokens": 4 * 32 * 16},
     "objectives": ["val_loss", "params"],
     "sampler": "grid",
-    "pruner": "none",
-    "n_trials": 4,
-    "max_concurrent": 2,
-    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 2, "eval_batches": 2, "threads": 1},
-    "cost": {"hardware": "cpu"},
+    "training": TINY["training"] | {"n_evals": 2},
 }
 
 

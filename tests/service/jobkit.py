@@ -13,6 +13,27 @@ from nas_service.jobs import optuna_storage
 from nas_service.search import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
 
+#: The service tests' tiny job: two depths, two widths, baseline and Block AttnRes (S = 1),
+#: trained in about a second per trial on the built-in corpus. Tests vary it with `|`.
+TINY: dict[str, Any] = {
+    "name": "tiny",
+    "space": {
+        "n_layers": [1, 2],
+        "d_model": [32, 64],
+        "head_dim": 16,
+        "variants": ["baseline", "block_attnres"],
+        "block_sizes": [1],
+    },
+    "budget": {"tokens": 4 * 32 * 16},
+    "objectives": ["val_loss"],
+    "sampler": "random",
+    "pruner": "none",
+    "n_trials": 4,
+    "max_concurrent": 2,
+    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
+    "cost": {"hardware": "cpu"},
+}
+
 
 def setup(url: str, **settings: Any) -> tuple[Any, Any]:
     """Migrated database at `url`: the settings (a local cluster of 2 CPUs) and a sessionmaker."""

@@ -32,6 +32,7 @@ from nas_service.db import JobEvent, RunnerLease, TrialRun, make_engine, make_se
 from nas_service.jobs import optuna_storage
 from nas_service.search import ATTR_LOST
 from tests.service import procs
+from tests.service.jobkit import TINY
 from tests.service.pg_private import PrivatePostgres
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.ray]
@@ -40,23 +41,10 @@ COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
 RETRY_OF = "ds_retry_of"
 LEASE_S = 3
 
-JOB: dict[str, Any] = {
+JOB: dict[str, Any] = TINY | {
     "name": "faults",
-    "space": {
-        "n_layers": [1, 2],
-        "d_model": [32, 64],
-        "head_dim": 16,
-        "variants": ["baseline", "block_attnres"],
-        "block_sizes": [1],
-    },
     "budget": {"tokens": 4 * 32 * 60},  # a second or two of training per trial
-    "objectives": ["val_loss"],
-    "sampler": "random",
-    "pruner": "none",
     "n_trials": 10,
-    "max_concurrent": 2,
-    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
-    "cost": {"hardware": "cpu"},
 }
 
 

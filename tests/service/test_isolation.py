@@ -25,22 +25,16 @@ from nas_service.jobs import cancel, optuna_storage, submit
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST, create_study
 from nas_service.spec import parse_spec
+from tests.service import jobkit
 from tests.service.jobkit import counted, setup, study_of
 from tests.service.procs import kill_session
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 ROOT = Path(__file__).resolve().parents[2]
 
-TINY: dict[str, Any] = {
-    "name": "tiny",
+TINY: dict[str, Any] = jobkit.TINY | {
     "space": {"n_layers": [1, 2], "d_model": [32, 64], "head_dim": 16, "variants": ["baseline"]},
-    "budget": {"tokens": 4 * 32 * 16},
-    "sampler": "random",
-    "pruner": "none",
-    "n_trials": 4,
-    "max_concurrent": 2,
-    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 2, "eval_batches": 2, "threads": 1},
-    "cost": {"hardware": "cpu"},
+    "training": jobkit.TINY["training"] | {"n_evals": 2},
 }
 
 

@@ -26,7 +26,7 @@ from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
 from tests.service import procs
-from tests.service.jobkit import counted, setup, study_of
+from tests.service.jobkit import TINY, counted, setup, study_of
 
 pytestmark = [
     pytest.mark.ray,
@@ -35,25 +35,6 @@ pytestmark = [
     pytest.mark.usefixtures("ray_local"),
 ]
 ROOT = Path(__file__).resolve().parents[2]
-
-TINY: dict[str, Any] = {
-    "name": "tiny",
-    "space": {
-        "n_layers": [1, 2],
-        "d_model": [32, 64],
-        "head_dim": 16,
-        "variants": ["baseline", "block_attnres"],
-        "block_sizes": [1],
-    },
-    "budget": {"tokens": 4 * 32 * 16},
-    "objectives": ["val_loss"],
-    "sampler": "random",
-    "pruner": "none",
-    "n_trials": 4,
-    "max_concurrent": 2,
-    "training": {"seq_len": 32, "batch_size": 4, "n_evals": 4, "eval_batches": 2, "threads": 1},
-    "cost": {"hardware": "cpu"},
-}
 
 
 def test_job_runs_to_completion(db_url: str) -> None:
