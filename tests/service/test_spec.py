@@ -20,21 +20,9 @@ from nas_service.spec import (
     parse_spec,
     space_size,
 )
+from tests.service.hostile import GOOD  # the one valid spec the spec tests vary
 
 ROOT = Path(__file__).resolve().parents[2]
-GOOD: dict[str, Any] = {
-    "name": "t",
-    "space": {
-        "n_layers": {"low": 2, "high": 6, "step": 2},
-        "d_model": [64, 128],
-        "head_dim": 32,
-        "variants": ["baseline", "block_attnres"],
-        "block_sizes": [1, 2, 4],
-    },
-    "budget": {"flops": 1e12},
-    "n_trials": 10,
-    "training": {"seq_len": 64, "batch_size": 8},
-}
 
 
 def with_(path: str, value: Any) -> dict[str, Any]:
