@@ -13,7 +13,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -75,7 +77,7 @@ def connect_ray(cluster: ClusterSettings) -> bool:
             log.warning("could not refresh Ray's authentication state after import")
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if cluster.address is None:
-        with scrubbed_environment():
+        with scrubbed_environment(), own_sigterm():
             ray.init(num_cpus=cluster.num_cpus, **kwargs)
         return True
     runtime_env = None
@@ -89,8 +91,27 @@ def connect_ray(cluster: ClusterSettings) -> bool:
                 str(Path(workers.__file__).parent),
             ]
         }
-    ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
+    with own_sigterm():
+        ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
     return True
+
+
+@contextlib.contextmanager
+def own_sigterm() -> Iterator[None]:
+    """Keep this process's SIGTERM handler across `ray.init`, which replaces it twice: with
+    a Python handler of its own and, in the driver's core worker, a C-level one that dumps
+    the stack and raises the signal again. Racing that, a runner told to stop sometimes
+    died without its `finally` (the lease kept, its Ray left running). Setting the handler
+    again installs it at the C level too (for SIGTERM only; Ray keeps its crash handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        yield
+    finally:
+        if previous is not None:  # None: installed outside Python, nothing to restore
+            signal.signal(signal.SIGTERM, previous)
 
 
 def shutdown_ray(local: bool) -> None:

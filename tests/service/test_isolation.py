@@ -325,6 +325,44 @@ def test_a_cancel_while_no_runner_is_alive_is_concluded(sqlite_url: str, tmp_pat
     assert events(Session, job.id, "concluded")
 
 
+def test_a_sigterm_after_connecting_ray_reaches_the_runners_handler(tmp_path: Path) -> None:
+    """`ray.init` installs a C-level SIGTERM handler in the driver (a stack dump, then the
+    signal raised again) over the runner's; racing it, a runner told to stop sometimes died
+    without giving back its lease or stopping its Ray. `connect_ray` puts the handler that
+    was in place back, so SIGTERM goes straight to the runner's `finally`."""
+    script = textwrap.dedent(
+        """
+        import os, signal, sys, time
+        from nas_service.cluster import connect_ray, shutdown_ray
+        from nas_service.settings import ClusterSettings
+
+        def stop(*_):
+            raise SystemExit(143)
+
+        signal.signal(signal.SIGTERM, stop)
+        connect_ray(ClusterSettings(num_cpus=1))
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(30)
+        finally:
+            print("finally ran", flush=True)
+            shutdown_ray(local=True)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=os.environ | {"RAY_USAGE_STATS_ENABLED": "0"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+    assert out.returncode == 143, out.stderr[-3000:]
+    assert "finally ran" in out.stdout
+    assert "SIGTERM received" not in out.stderr  # Ray's dump did not run first
+
+
 def test_workers_see_none_of_the_service_secrets(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
