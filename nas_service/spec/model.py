@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import unicodedata
+from collections.abc import Collection
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -140,6 +141,15 @@ def axis_max(axis: IntAxis | None) -> int | None:
     return axis.last if isinstance(axis, IntRange) else max(axis)
 
 
+def _check_names(values: list[str], known: Collection[str], noun: str, expected: str) -> list[str]:
+    """Distinct names, each one of `known`; the first unknown one is named in the error."""
+    _check_choices(values, positive=False)
+    unknown = [v for v in values if v not in known]
+    if unknown:
+        raise ValueError(f"unknown {noun} {unknown[0]!r}; expected {expected}")
+    return values
+
+
 def _check_choices(values: list[Any], positive: bool = True) -> list[Any]:
     if not values:
         raise ValueError("empty: give at least one value")
@@ -230,13 +240,7 @@ class SearchSpace(_Strict):
     @field_validator("variants")
     @classmethod
     def _variants(cls, value: list[str]) -> list[str]:
-        _check_choices(value, positive=False)
-        unknown = [v for v in value if v not in VARIANTS]
-        if unknown:
-            raise ValueError(
-                f"unknown variant {unknown[0]!r}; expected one of {', '.join(VARIANTS)}"
-            )
-        return value
+        return _check_names(value, VARIANTS, "variant", f"one of {', '.join(VARIANTS)}")
 
     @model_validator(mode="after")
     def _consistent(self) -> SearchSpace:
@@ -414,13 +418,8 @@ class JobSpec(_Strict):
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, value: list[str]) -> list[str]:
-        _check_choices(value, positive=False)
-        unknown = [m for m in value if m not in OBJECTIVE_METRICS]
-        if unknown:
-            raise ValueError(
-                f"unknown metric {unknown[0]!r}; expected val_loss or one of {', '.join(METRICS)}"
-            )
-        return value
+        expected = f"val_loss or one of {', '.join(METRICS)}"
+        return _check_names(value, OBJECTIVE_METRICS, "metric", expected)
 
     @model_validator(mode="after")
     def _layout(self) -> JobSpec:
