@@ -35,6 +35,14 @@ class TrainSpec:
     then cosine decay to `min_lr_ratio`·lr, or WSD (warmup, stable, then a linear decay over the
     last `decay_frac`). Validation every `eval_interval` steps (None: `n_evals` evenly spaced
     evaluations) on `eval_batches` fixed batches.
+
+    Optimizer: AdamW in three parameter groups (`workers.train.parameter_groups`): `decay`
+    (matrices and embeddings, weight decay `weight_decay`), `no_decay` (gains, biases and other
+    vectors, weight decay 0) and `depth_mixing` (the residual wiring's own parameters, each
+    mixer's `depth_mixing_parameters`: AttnRes pseudo-queries, key-norm gains and
+    input-dependent query projections, mHC-lite's coefficient projections, gates and biases,
+    DenseFormer's weights; never weight-decayed), whose learning rate at every step is
+    `depth_lr_mult` times the schedule's (0 freezes them at their initial values).
     """
 
     arch: ArchConfig
@@ -42,6 +50,7 @@ class TrainSpec:
     budget_tokens: int | None = None
     batch_size: int = 16
     lr: float = 3e-3
+    depth_lr_mult: float = 1.0  # the depth-mixing parameters' lr = depth_lr_mult · lr
     schedule: Schedule = "cosine"
     warmup_frac: float = 0.05
     decay_frac: float = 0.2  # WSD only
@@ -78,6 +87,10 @@ class TrainSpec:
             raise TrainSpecError("eval_interval", f"must be positive, got {self.eval_interval}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise TrainSpecError("lr", f"must be a positive number, got {self.lr}")
+        if not (self.depth_lr_mult >= 0 and math.isfinite(self.depth_lr_mult)):
+            raise TrainSpecError(
+                "depth_lr_mult", f"must be a finite non-negative number, got {self.depth_lr_mult}"
+            )
         if self.schedule not in SCHEDULES:
             raise TrainSpecError(
                 "schedule", f"unknown value {self.schedule!r}; expected {' or '.join(SCHEDULES)}"
