@@ -84,6 +84,11 @@ class DepthscopeLM(nn.Module):
                 nn.init.ones_(module.weight)
         self.mixer.reset_parameters()
 
+    def depth_mixing_parameter_names(self) -> list[str]:
+        """The names (as in `named_parameters()`) of the residual wiring's parameters, the
+        mixer's `depth_mixing_parameters`: the optimizer's `depth_mixing` group."""
+        return [f"mixer.{name}" for name, _ in self.mixer.depth_mixing_parameters()]
+
     # -- pieces ----------------------------------------------------------------------------
     def _embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
         _, T = idx.shape

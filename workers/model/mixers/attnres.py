@@ -81,6 +81,21 @@ class AttnRes(DepthMixer):
         if self.input_proj is not None:
             self.input_proj.zero_()
 
+    def depth_mixing_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Every parameter of the mixer: the pseudo-queries w_l (`queries`, L×d) and the
+        aggregation's (`agg_query`, d); the key-norm gains g_l (`key_gains`, L×d) and the
+        aggregation's (`agg_key_gain`, d), absent in `attnres_no_key_norm`; the
+        input-dependent query projections W_l (`input_proj`, L×d×d, `attnres_input_query`
+        only)."""
+        named = {
+            "queries": self.queries,
+            "agg_query": self.agg_query,
+            "key_gains": self.key_gains,
+            "agg_key_gain": self.agg_key_gain,
+            "input_proj": self.input_proj,
+        }
+        return [(name, p) for name, p in named.items() if p is not None]
+
     # -- reference -------------------------------------------------------------------------
     def reference(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         """REFERENCE.md §1: the sources of sublayer l are the embedding b_0, the finished

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from workers.model.mixers.base import DepthMixer, Sublayer
 
@@ -20,6 +21,10 @@ class StandardResidual(DepthMixer):
 
     def reset_parameters(self) -> None:
         """No parameters."""
+
+    def depth_mixing_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """None: the identity path has no parameters."""
+        return []
 
     def begin(self, emb: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"h": emb}

@@ -35,6 +35,11 @@ class DenseFormer(DepthMixer):
             w.zero_()
             w[-1] = 1.0
 
+    def depth_mixing_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Every parameter of the mixer: the depth weights α_{i,·} after block i
+        (`weights.{i-1}`, i + 1 of them, i = 1 … L_b)."""
+        return [(f"weights.{i}", w) for i, w in enumerate(self.weights)]
+
     def reference(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         h, outputs = emb, [emb]
         for l in range(self.n_sublayers):

@@ -59,6 +59,12 @@ class MHCLite(DepthMixer):
         self.bias[:, 2 * n :] = -8.0
         self.bias[:, 2 * n] = 0.0  # the identity
 
+    def depth_mixing_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Every parameter of the mixer: the coefficient projections W_l (`proj`,
+        L×nd×(2n+n!)), their biases b_l (`bias`, L×(2n+n!)) and the gates α_pre, α_post,
+        α_res (`gates`, L×3)."""
+        return [("proj", self.proj), ("bias", self.bias), ("gates", self.gates)]
+
     def reference(self, emb: torch.Tensor, sublayer: Sublayer) -> torch.Tensor:
         n = self.n
         X = emb[:, :, None, :].expand(-1, -1, n, -1)  # (B, T, n, d)
