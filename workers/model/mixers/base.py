@@ -16,8 +16,12 @@ Every variant has two implementations of `run`, chosen when the mixer is made (`
 
 A mixer holds parameters but no state between forward passes, so one model serves concurrent
 batches; it initialises its own parameters (`reset_parameters`, called at construction and by
-the model's). Sources are kept in the embedding's dtype (fp32 under autocast), as a residual
-stream is.
+the model's; the model builds and initialises it under a fork of the global random
+generator, after the Transformer's own parameters, so whatever a mixer draws never shifts the
+common parameters' draws), and declares which of its parameters are depth mixing
+(`depth_mixing_parameters`: the optimizer's `depth_mixing` group, with its own learning-rate
+multiplier and no weight decay). Sources are kept in the embedding's dtype (fp32 under
+autocast), as a residual stream is.
 """
 
 from __future__ import annotations
@@ -62,6 +66,13 @@ class DepthMixer(nn.Module, ABC):
     @abstractmethod
     def reset_parameters(self) -> None:
         """Every parameter's initial value (the docstring lists them)."""
+
+    def depth_mixing_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """The parameters of the residual wiring, (name, parameter) with the names of the
+        mixer's `named_parameters()`: the optimizer puts them in its `depth_mixing` group
+        (`workers.train.parameter_groups`; lr · `TrainSpec.depth_lr_mult`, no weight decay).
+        Each variant lists its own; the default is none (the standard residual)."""
+        return []
 
     @abstractmethod
     def begin(self, emb: torch.Tensor) -> Any:
