@@ -4,6 +4,8 @@ is a `DepthMixer`, final norm, LM head."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import cast
 
 import torch
@@ -38,7 +40,8 @@ class DepthscopeLM(nn.Module):
             nn.Embedding(cfg.seq_len, cfg.d_model) if cfg.positions == "learned" else None
         )
         self.blocks = nn.ModuleList(TransformerBlock(cfg, attn_impl) for _ in range(cfg.n_layers))
-        self.mixer: DepthMixer = make_mixer(cfg, mixer_impl)
+        with _forked_rng(()):  # the mixer's construction draws nothing from the shared stream
+            self.mixer: DepthMixer = make_mixer(cfg, mixer_impl)
         self.norm_f = make_norm(cfg)
         self.lm_head = (
             None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -61,8 +64,14 @@ class DepthscopeLM(nn.Module):
           as the plain mean of its sources), key-norm gains 1, input-dependent query
           projections 0; mHC-lite projections 0, gates 0.01, biases H_pre = 1/n, H_post = 1,
           identity permutation logit 0 and the others −8; DenseFormer identity weights (1 on
-          the newest block output, 0 elsewhere). No random draws: the Transformer's draws
-          are the same for every variant.
+          the newest block output, 0 elsewhere).
+
+        Paired seeds: the Transformer's parameters are drawn first, in module order, from the
+        global generator; the mixer is built and initialised under a fork of it (its
+        construction and any draw of its `reset_parameters` leave the global stream as it
+        was). So under one `torch.manual_seed`, two variants of the same shape get the same
+        initial value for every common parameter (embedding, blocks, final norm, head),
+        whatever their mixers draw.
         """
         out_std = INIT_STD / math.sqrt(2 * self.cfg.n_layers)
         mixer_modules = set(self.mixer.modules())
@@ -82,7 +91,8 @@ class DepthscopeLM(nn.Module):
                     nn.init.zeros_(module.bias)
             elif isinstance(module, (RMSNorm, nn.RMSNorm)):
                 nn.init.ones_(module.weight)
-        self.mixer.reset_parameters()
+        with _forked_rng(p.device for p in self.mixer.parameters()):
+            self.mixer.reset_parameters()
 
     def depth_mixing_parameter_names(self) -> list[str]:
         """The names (as in `named_parameters()`) of the residual wiring's parameters, the
@@ -165,6 +175,15 @@ class DepthscopeLM(nn.Module):
 
     def new_cache(self) -> KVCache:
         return KVCache.empty(self.cfg.n_layers, self.cfg.seq_len)
+
+
+@contextmanager
+def _forked_rng(devices: Iterator[torch.device] | tuple[torch.device, ...]) -> Iterator[None]:
+    """Run the body on a copy of the global CPU generator (and of the CUDA generators of
+    `devices`), restored afterwards: draws inside do not move the shared stream."""
+    cuda = sorted({d.index or 0 for d in devices if d.type == "cuda"})
+    with torch.random.fork_rng(devices=cuda):
+        yield
 
 
 def build_model(
