@@ -5,6 +5,12 @@ candidate of a search spends the compute it was given (to within one optimizer s
 trains floor(tokens / tokens-per-step) whole steps and reports the FLOPs it spent). Validation
 losses are reported to a callback at a fixed cadence; the callback may stop the run (this is
 what pruning uses). A NaN or exploding loss ends the run as `diverged`, never as an exception.
+
+Paired seeds: the training batches come from a generator of their own seeded by
+`TrainSpec.seed` (`train_batches`), and the model's common parameters are initialised
+independently of its residual wiring (`DepthscopeLM.reset_parameters`), so two variants of the
+same shape trained with the same seed see the same batches in the same order from the same
+initial Transformer.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -28,7 +34,7 @@ from workers.contract import (
     TrainSpecError,
 )
 from workers.data import Corpus, load_corpus
-from workers.model import build_model
+from workers.model import DepthscopeLM, build_model
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +72,82 @@ def _rss_bytes() -> int:
         return 0
 
 
-def _optimizer(model: torch.nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
-    """AdamW; weight decay on matrices (and embeddings) only, not on gains, biases or the
-    depth-mixing vectors (pseudo-queries, DWA weights)."""
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+#: The optimizer's parameter groups, in this order.
+GROUPS = ("decay", "no_decay", "depth_mixing")
+
+
+def parameter_groups(model: DepthscopeLM) -> dict[str, list[str]]:
+    """Every parameter name of `model.named_parameters()` in exactly one of `GROUPS`:
+
+    - `depth_mixing`: the residual wiring's parameters (`model.depth_mixing_parameter_names()`:
+      AttnRes pseudo-queries, key-norm gains and input projections, mHC-lite's coefficient
+      projections, biases and gates, DenseFormer's weights), whatever their shape;
+    - `decay`: the other matrices (every tensor of two or more dimensions: projections,
+      embeddings, an untied head);
+    - `no_decay`: the other vectors (norm gains, biases).
+
+    Every group is listed (the baseline's `depth_mixing` is empty), names in model order."""
+    depth = set(model.depth_mixing_parameter_names())
+    groups: dict[str, list[str]] = {name: [] for name in GROUPS}
+    for name, p in model.named_parameters():
+        group = "depth_mixing" if name in depth else "decay" if p.dim() >= 2 else "no_decay"
+        groups[group].append(name)
+    missing = depth - set(groups["depth_mixing"])
+    if missing:  # a mixer declaring something that is not a parameter of the model
+        raise ValueError(f"depth-mixing parameters not in the model: {sorted(missing)}")
+    return groups
+
+
+def make_optimizer(model: DepthscopeLM, spec: TrainSpec) -> torch.optim.AdamW:
+    """AdamW (β1, β2 from `spec`) over the non-empty `parameter_groups`, each with its
+    `"name"`, its `"weight_decay"` (`spec.weight_decay` for `decay`, 0 for `no_decay` and
+    `depth_mixing`) and its `"lr_mult"` (1, and `spec.depth_lr_mult` for `depth_mixing`):
+    at step t a group's learning rate is `lr_at(spec, t, steps) · lr_mult`
+    (`set_learning_rates`). With `depth_lr_mult` 0 the depth-mixing parameters never move
+    (AdamW's update lr·(m̂/(√v̂+ε) + λ·θ) is 0)."""
+    params = dict(model.named_parameters())
+    settings = {
+        "decay": (spec.weight_decay, 1.0),
+        "no_decay": (0.0, 1.0),
+        "depth_mixing": (0.0, spec.depth_lr_mult),
+    }
     groups = [
-        {"params": decay, "weight_decay": spec.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {
+            "name": name,
+            "params": [params[n] for n in names],
+            "weight_decay": settings[name][0],
+            "lr_mult": settings[name][1],
+            "lr": spec.lr * settings[name][1],
+        }
+        for name, names in parameter_groups(model).items()
+        if names
     ]
     return torch.optim.AdamW(groups, lr=spec.lr, betas=(spec.beta1, spec.beta2))
+
+
+def set_learning_rates(opt: torch.optim.Optimizer, spec: TrainSpec, step: int, total: int) -> None:
+    """Every group's learning rate for `step` of `total`: `lr_at(spec, step, total)` times the
+    group's `"lr_mult"`."""
+    lr = lr_at(spec, step, total)
+    for group in opt.param_groups:
+        group["lr"] = lr * group["lr_mult"]
+
+
+def initial_model(spec: TrainSpec) -> DepthscopeLM:
+    """The model of `spec.arch` as it starts training: built (on the CPU) right after
+    `torch.manual_seed(spec.seed)`. Its common parameters do not depend on the variant (see
+    `DepthscopeLM.reset_parameters`)."""
+    torch.manual_seed(spec.seed)
+    return build_model(spec.arch)
+
+
+def train_batches(corpus: Corpus, spec: TrainSpec) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The training batches of `spec`, in order, without end: `corpus.batch` from a CPU
+    generator of their own seeded by `spec.seed`, so they depend on the corpus, the seed, the
+    batch size and the sequence length only (never on the model or its variant)."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    while True:
+        yield corpus.batch("train", spec.batch_size, spec.arch.seq_len, gen)
 
 
 @torch.no_grad()
@@ -155,12 +227,11 @@ def training_run(
     device = resolve_device(spec.device)
     allocator.for_training()  # every step reuses the pages of the one before
     allocator.release()  # and this run's peak memory is its own
-    torch.manual_seed(spec.seed)
-    model = build_model(cfg).to(device)
+    model = initial_model(spec).to(device)
     params = int(param_count(cfg).total)
     step_model: Any = torch.compile(model) if spec.compile else model
-    opt = _optimizer(model, spec)
-    gen = torch.Generator().manual_seed(spec.seed)
+    opt = make_optimizer(model, spec)
+    batches = train_batches(corpus, spec)
     eval_batches = corpus.eval_batches(spec.batch_size, cfg.seq_len, spec.eval_batches)
     interval = spec.eval_interval or max(1, steps // spec.n_evals)
     flops_per_token = float(training_flops_per_token(cfg, causal=True))
@@ -177,9 +248,8 @@ def training_run(
     start = time.perf_counter()
     model.train()
     for step in range(steps):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(spec, step, steps)
-        x, y = corpus.batch("train", spec.batch_size, cfg.seq_len, gen)
+        set_learning_rates(opt, spec, step, steps)
+        x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with _autocast(device):
             _, loss = step_model(x, y)
