@@ -72,6 +72,10 @@ ATTNRES_VARIANTS: frozenset[str] = frozenset(
 BLOCK_SIZED: tuple[str, ...] = tuple(n for n, r in RESIDUALS.items() if r.has_block_size)
 #: Variants that take a number of streams n (`ArchConfig.mhc_streams`).
 STREAMED: tuple[str, ...] = tuple(n for n, r in RESIDUALS.items() if r.has_streams)
+#: Variants whose wiring has parameters of its own (AttnRes pseudo-queries and key-norm gains,
+#: mHC-lite's coefficient projections and biases, DenseFormer's weights): those a training
+#: run's `depth_lr_mult` applies to (`Residual.has_depth_mixing`).
+DEPTH_MIXED: frozenset[str] = frozenset(n for n, r in RESIDUALS.items() if r.has_depth_mixing)
 
 
 def residual_of(cfg: _Derived) -> Residual:
@@ -82,6 +86,7 @@ def residual_of(cfg: _Derived) -> Residual:
 __all__ = [
     "ATTNRES_VARIANTS",
     "BLOCK_SIZED",
+    "DEPTH_MIXED",
     "FULL_ATTNRES_FAMILY",
     "RESIDUALS",
     "STREAMED",

@@ -58,6 +58,9 @@ class Residual(ABC):
     name: ClassVar[Variant]
     has_block_size: ClassVar[bool] = False  # takes `ArchConfig.block_size` (S, in sublayers)
     has_streams: ClassVar[bool] = False  # takes `ArchConfig.mhc_streams` (n)
+    #: The wiring has parameters of its own (`mixing_params` + `aggregation_params` > 0): the
+    #: depth-mixing parameters a training run's `depth_lr_mult` scales.
+    has_depth_mixing: ClassVar[bool] = True
     default_streams: ClassVar[int] = 1  # n when `mhc_streams` is None (1: one residual stream)
     max_streams: ClassVar[int] = 1
 

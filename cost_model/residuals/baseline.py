@@ -14,6 +14,7 @@ class Baseline(WithoutDepthAttention):
     """The standard (PreNorm) residual: the reference every other variant's costs add to."""
 
     name: ClassVar[Variant] = "baseline"
+    has_depth_mixing: ClassVar[bool] = False  # no parameters in the wiring
 
     def live_sources(self, cfg: _Derived) -> Any:
         """1: the residual stream."""
