@@ -69,6 +69,8 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(default=4096, ge=1)
     max_threads: int = Field(default=64, ge=1)  # torch threads (CPUs) one trial asks for
     max_axis_values: int = Field(default=10_000, ge=1)  # values of one searched axis
+    # training runs of a whole job: n_trials × seeds × the settings of `tune`
+    max_job_runs: int = Field(default=20_000, ge=1)
     # Corpora: `training.corpus` names one of these, or a path inside `data_dir`.
     data_dir: Path = Path("depthscope-data")
     corpora: dict[str, Path] = Field(default_factory=dict)

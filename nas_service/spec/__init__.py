@@ -1,6 +1,11 @@
 """The job spec: a search space over depth, width, heads, residual variant and block size, a
 fixed compute budget per candidate, objectives, constraints, and how to search.
 
+The training axes (`TRAINING_AXES`: lr, depth_lr_mult, warmup_frac, weight_decay) are fixed
+values, or searched: jointly (choices or a `FloatRange` in `training`, study parameters like
+the architecture's) or per shape (`tune` lists: every architecture trained at each
+combination).
+
 The same pydantic model is what the HTTP API accepts and what `depthscope submit` reads from
 YAML. `JobSpec` checks everything a spec can check on its own; `check_job(spec, settings)`
 adds what needs the service's settings (limits, cluster names) and the cost model (a space
@@ -38,6 +43,7 @@ from nas_service.spec.model import (
     LOSS,
     MAX_ASPECT_RATIO,
     MAX_CONSTRAINTS,
+    MAX_DEPTH_LR_MULT,
     MAX_EVALS,
     MAX_FF_RATIO,
     MAX_LAYOUT,
@@ -48,11 +54,14 @@ from nas_service.spec.model import (
     MAX_VOCAB,
     MAX_YAML_DEPTH,
     OBJECTIVE_METRICS,
+    TRAINING_AXES,
+    TRAINING_BOUNDS,
     ArchDefaults,
     Budget,
     Constraint,
     CostContext,
     FloatBudget,
+    FloatRange,
     IntAxis,
     IntBudget,
     IntRange,
@@ -61,7 +70,9 @@ from nas_service.spec.model import (
     SearchSpace,
     SpecError,
     Text,
+    TrainAxis,
     Training,
+    Tune,
     axis_count,
     axis_max,
     axis_values,
@@ -81,6 +92,7 @@ __all__ = [
     "LOSS",
     "MAX_ASPECT_RATIO",
     "MAX_CONSTRAINTS",
+    "MAX_DEPTH_LR_MULT",
     "MAX_EVALS",
     "MAX_FF_RATIO",
     "MAX_LAYOUT",
@@ -91,6 +103,8 @@ __all__ = [
     "MAX_VOCAB",
     "MAX_YAML_DEPTH",
     "OBJECTIVE_METRICS",
+    "TRAINING_AXES",
+    "TRAINING_BOUNDS",
     "ArchDefaults",
     "Axis",
     "AxisDef",
@@ -100,6 +114,7 @@ __all__ = [
     "Constraint",
     "CostContext",
     "FloatBudget",
+    "FloatRange",
     "IntAxis",
     "IntBudget",
     "IntRange",
@@ -108,7 +123,9 @@ __all__ = [
     "SearchSpace",
     "SpecError",
     "Text",
+    "TrainAxis",
     "Training",
+    "Tune",
     "axis_count",
     "axis_max",
     "axis_values",

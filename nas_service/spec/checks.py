@@ -140,6 +140,7 @@ def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
         errors.append(_over("max_concurrent", spec.max_concurrent, s.max_concurrent_trials))
     if spec.seeds > s.max_seeds:
         errors.append(_over("seeds", spec.seeds, s.max_seeds))
+    errors += _training_limits(spec, s)
     if spec.cluster not in s.clusters:
         errors.append(
             (
@@ -191,6 +192,36 @@ def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
     return errors
 
 
+def _training_limits(spec: JobSpec, s: Settings) -> list[tuple[str, str]]:
+    """The values of each training axis (joint choices and `tune` lists) and the training
+    runs of the job, n_trials × seeds × the product of the `tune` lists' lengths (counted,
+    never built)."""
+    errors: list[tuple[str, str]] = []
+    lists = {f"training.{n}": v for n, v in spec.training.searched().items() if isinstance(v, list)}
+    if spec.tune is not None:
+        lists |= {f"tune.{n}": v for n, v in spec.tune.axes().items()}
+    for field, values in lists.items():
+        if len(values) > s.max_axis_values:
+            errors.append(
+                (field, f"{len(values)} values, over the limit of {s.max_axis_values} per axis")
+            )
+    if spec.runs > s.max_job_runs:
+        if spec.tune is not None:
+            field = "tune"
+            how = f"n_trials × seeds × tune settings = {spec.n_trials} × {spec.seeds} × "
+            how += f"{_fmt(spec.tune_size)}"
+        else:
+            field, how = "n_trials", f"n_trials × seeds = {spec.n_trials} × {spec.seeds}"
+        errors.append(
+            (
+                field,
+                f"{how} = {_fmt(spec.runs)} training runs, over the limit of "
+                f"{_fmt(s.max_job_runs)} per job",
+            )
+        )
+    return errors
+
+
 def _describe(candidate: Candidate) -> str:
     return ", ".join(f"{k}={v}" for k, v in candidate.params.items())
 
@@ -229,12 +260,13 @@ def _candidate_limits(
         per_run = float(max(budgets))
     else:
         per_run = max(flops_for_tokens(a, int(max(budgets))) for _, a in archs)
-    job = spec.n_trials * spec.seeds * per_run
+    job = spec.runs * per_run  # n_trials × seeds × tune settings × the largest run
     if job > settings.max_job_flops:
+        runs = "n_trials × seeds" + (" × tune settings" if spec.tune is not None else "")
         errors.append(
             (
                 "budget",
-                f"the job's estimated compute, n_trials × seeds × {per_run:.3g} FLOPs = "
+                f"the job's estimated compute, {runs} × {per_run:.3g} FLOPs = "
                 f"{job:.3g} FLOPs, is over the limit of {_fmt(settings.max_job_flops)}",
             )
         )
@@ -244,8 +276,10 @@ def _candidate_limits(
 def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     """What needs the settings and the cost model. Returns the valid candidates; raises
     `SpecError` for anything over the operator's limits (n_trials, budget, concurrency,
-    seeds, the size of the space and of each axis, depth, width, heads, sequence length,
-    batch size, threads, parameters per candidate, the estimated compute of the job), an
+    seeds, the size of the space and of each axis (training axes and `tune` lists included),
+    the training runs of the job (n_trials × seeds × tune settings), depth, width, heads,
+    sequence length, batch size, threads, parameters per candidate, the estimated compute of
+    the job: runs × FLOPs of the largest run), an
     unknown cluster, a corpus from outside the data folder, a space with no valid candidate,
     or a budget too small for one optimizer step of the smallest candidate.
 

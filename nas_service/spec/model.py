@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import unicodedata
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cost_model import (
     METRICS,
@@ -29,7 +31,7 @@ from cost_model import (
     Workload,
     get_hardware,
 )
-from cost_model.residuals import BLOCK_SIZED
+from cost_model.residuals import BLOCK_SIZED, DEPTH_MIXED
 from workers.contract import Schedule
 
 LOSS = "val_loss"
@@ -44,6 +46,7 @@ MAX_LAYOUT = 4096  # tensor and pipeline ranks, virtual stages
 MAX_MICROBATCHES = 1 << 20
 MAX_FF_RATIO = 64.0
 MAX_LR = 1e3
+MAX_DEPTH_LR_MULT = 1e3
 MAX_CONSTRAINTS = 64
 #: A YAML spec file: at most this many bytes, at most this deep.
 MAX_SPEC_BYTES = 1 << 20
@@ -60,6 +63,18 @@ class SpecError(ValueError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (Ray, multiprocessing)
         return (type(self), (self.errors,))
+
+
+def _refuse(errors: list[tuple[tuple[str | int, ...], str]]) -> None:
+    """Raise, from inside a validator, a refusal at the given locations (relative to the
+    model being validated) rather than at the model itself: each (loc, reason)."""
+    details = [
+        InitErrorDetails(
+            type=PydanticCustomError("refused", "{reason}", {"reason": reason}), loc=loc, input=None
+        )
+        for loc, reason in errors
+    ]
+    raise ValidationError.from_exception_data("JobSpec", details)
 
 
 def _check_text(value: str) -> str:
@@ -339,12 +354,130 @@ class Constraint(_Strict):
         return value
 
 
+#: The training fields that may be searched (the contract's training axes), in this order.
+TRAINING_AXES: tuple[str, ...] = ("lr", "depth_lr_mult", "warmup_frac", "weight_decay")
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """The values a training axis takes: low < v (open) or low <= v, and v <= high."""
+
+    low: float
+    high: float
+    open_low: bool = False
+
+    def admits(self, value: float) -> bool:
+        return (value > self.low if self.open_low else value >= self.low) and value <= self.high
+
+    def __str__(self) -> str:
+        return f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}]"
+
+
+#: Each training axis's bounds: lr in (0, MAX_LR], depth_lr_mult in [0, MAX_DEPTH_LR_MULT],
+#: warmup_frac in [0, 1], weight_decay in [0, MAX_LR].
+TRAINING_BOUNDS: dict[str, _Bounds] = {
+    "lr": _Bounds(0.0, MAX_LR, open_low=True),
+    "depth_lr_mult": _Bounds(0.0, MAX_DEPTH_LR_MULT),
+    "warmup_frac": _Bounds(0.0, 1.0),
+    "weight_decay": _Bounds(0.0, MAX_LR),
+}
+
+
+class FloatRange(_Strict):
+    """A continuous range of a training axis, sampled uniformly in [low, high], or uniformly
+    in ln v when `log` (both bounds then positive). A searched range is a study parameter
+    (`suggest_float`); the grid sampler needs choices instead."""
+
+    low: float
+    high: float
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _ordered(self) -> FloatRange:
+        if self.high < self.low:
+            raise ValueError(f"inverted range: high {self.high:g} < low {self.low:g}")
+        if self.high == self.low:
+            raise ValueError(f"empty range: low = high = {self.low:g}; give a single value instead")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs positive bounds, got low {self.low:g}")
+        return self
+
+
+def _training_kind(value: Any) -> str:
+    if isinstance(value, dict | FloatRange):
+        return "range"
+    return "choices" if isinstance(value, list | tuple) else "single"
+
+
+#: A training axis: one value (fixed), choices `[1e-3, 3e-3]` or a range `{low, high, log}`.
+TrainAxis = Annotated[
+    Annotated[float, Tag("single")]
+    | Annotated[list[float], Tag("choices")]
+    | Annotated[FloatRange, Tag("range")],
+    Discriminator(_training_kind),
+]
+
+
+def _number(value: Any) -> Any:
+    """One value or one choice as given: refuse booleans, text that is not a number and
+    non-finite numbers (also as strings: "NaN" from a JSON file read as YAML) on the field
+    itself; pydantic converts the rest."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a number, not {str(value).lower()}")
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"must be a number, got {value!r}") from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise ValueError(f"must be a finite number, got {number}")
+    return value
+
+
+def _numbers(value: Any) -> Any:
+    """`_number` of a single value or of each choice (a range is left to `FloatRange`)."""
+    if isinstance(value, dict | FloatRange):
+        return value
+    if isinstance(value, list | tuple):
+        for v in value:
+            _number(v)
+        return value
+    if not isinstance(value, int | float | str):
+        raise ValueError("must be a number, a list of choices or a range {low, high, log}")
+    return _number(value)
+
+
+def _check_training_axis(name: str, value: float | list[float] | FloatRange) -> None:
+    """`value` (one number, choices or a range) within the axis's bounds; choices distinct."""
+    bounds = TRAINING_BOUNDS[name]
+    if isinstance(value, FloatRange):
+        for end in ("low", "high"):
+            v = getattr(value, end)
+            if not bounds.admits(v):
+                raise ValueError(f"{end} {v:g} is outside {bounds}, the values {name} takes")
+        return
+    if isinstance(value, list):
+        _check_choices(value, positive=False)
+        for i, v in enumerate(value):
+            if not bounds.admits(v):
+                raise ValueError(f"value {i} ({v:g}) is outside {bounds}, the values {name} takes")
+        return
+    if not bounds.admits(value):
+        raise ValueError(f"{value:g} is outside {bounds}, the values {name} takes")
+
+
 class Training(_Strict):
-    """How every candidate is trained: `TrainSpec`'s fields of the same names (the service
-    builds it from `model_dump`), except `ARCH_FIELDS`, which go to the architecture
-    (`base_arch`). seq_len, batch_size and threads are bounded by the operator's limits
-    (`check_job`); the corpus is a name registered by the operator or a path inside the
-    data folder (`resolve_corpus`)."""
+    """How every candidate is trained: `TrainSpec`'s fields of the same names, except
+    `ARCH_FIELDS`, which go to the architecture (`base_arch`). seq_len, batch_size and threads
+    are bounded by the operator's limits (`check_job`); the corpus is a name registered by the
+    operator or a path inside the data folder (`resolve_corpus`).
+
+    The training axes (`TRAINING_AXES`: lr, depth_lr_mult, warmup_frac, weight_decay) each
+    take one value (fixed), choices or a range (`FloatRange`): searched, they are joint axes,
+    study parameters under their own names (`CandidateSpace.study_axes`). A trial's values of
+    them are its setting (`nas_service.search.training_setting`); `depth_lr_mult` multiplies
+    the learning rate of the depth-mixing parameters only."""
 
     ARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({"vocab_size", "seq_len"})
 
@@ -352,13 +485,94 @@ class Training(_Strict):
     vocab_size: int = Field(default=256, ge=2, le=MAX_VOCAB)
     seq_len: int = Field(default=128, ge=2)
     batch_size: int = Field(default=16, ge=1)
-    lr: float = Field(default=3e-3, gt=0, le=MAX_LR)
+    lr: TrainAxis = 3e-3
+    depth_lr_mult: TrainAxis = 1.0
     schedule: Schedule = "cosine"
-    warmup_frac: float = Field(default=0.05, ge=0, le=1)
-    weight_decay: float = Field(default=0.1, ge=0, le=MAX_LR)
+    warmup_frac: TrainAxis = 0.05
+    weight_decay: TrainAxis = 0.1
     n_evals: int = Field(default=8, ge=1, le=MAX_EVALS)
     eval_batches: int = Field(default=8, ge=1, le=MAX_EVALS)
     threads: int | None = Field(default=None, ge=1)
+
+    @field_validator(*TRAINING_AXES, mode="before")
+    @classmethod
+    def _given(cls, value: Any) -> Any:
+        return _numbers(value)
+
+    @field_validator(*TRAINING_AXES)
+    @classmethod
+    def _bounded(cls, value: Any, info: ValidationInfo) -> Any:
+        assert info.field_name is not None
+        _check_training_axis(info.field_name, value)
+        return value
+
+    def searched(self) -> dict[str, list[float] | FloatRange]:
+        """The joint training axes (those given as choices or a range), in `TRAINING_AXES`
+        order."""
+        out: dict[str, list[float] | FloatRange] = {}
+        for name in TRAINING_AXES:
+            value = getattr(self, name)
+            if isinstance(value, list | FloatRange):
+                out[name] = value
+        return out
+
+    def fixed(self) -> dict[str, float]:
+        """The training axes given one value, in `TRAINING_AXES` order."""
+        searched = self.searched()
+        return {n: float(getattr(self, n)) for n in TRAINING_AXES if n not in searched}
+
+
+class Tune(_Strict):
+    """The per-shape nested grid: every architecture the sampler proposes is trained at each
+    combination of the listed values (`itertools.product` in `TRAINING_AXES` order; the other
+    axes at their fixed or joint value). Tune axes are never study parameters."""
+
+    lr: list[float] | None = None
+    depth_lr_mult: list[float] | None = None
+    warmup_frac: list[float] | None = None
+    weight_decay: list[float] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known(cls, data: Any) -> Any:
+        """An unknown key is refused on its own field (`tune.<key>`), naming the axes."""
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in TRAINING_AXES]
+            if unknown:
+                expected = ", ".join(TRAINING_AXES)
+                _refuse(
+                    [
+                        ((str(k),), f"unknown training axis {k!r}; expected one of {expected}")
+                        for k in unknown
+                    ]
+                )
+        return data
+
+    @field_validator(*TRAINING_AXES, mode="before")
+    @classmethod
+    def _given(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if not isinstance(value, list | tuple):
+            raise ValueError("must be a list of values (tune is a grid)")
+        return _numbers(value)
+
+    @field_validator(*TRAINING_AXES)
+    @classmethod
+    def _bounded(cls, value: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        assert info.field_name is not None
+        if value is not None:
+            _check_training_axis(info.field_name, value)
+        return value
+
+    def axes(self) -> dict[str, list[float]]:
+        """The listed axes, in `TRAINING_AXES` order."""
+        lists = ((n, getattr(self, n)) for n in TRAINING_AXES)
+        return {n: list(v) for n, v in lists if v is not None}
+
+    def size(self) -> int:
+        """The number of settings: the product of the lists' lengths (counted, not built)."""
+        return math.prod(len(v) for v in self.axes().values())
 
 
 class CostContext(_Strict):
@@ -412,6 +626,7 @@ class JobSpec(_Strict):
     seeds: int = Field(default=1, ge=1)  # ≤ max_seeds (check_job)
     sampler_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     training: Training = Field(default_factory=Training)
+    tune: Tune | None = None
     cost: CostContext = Field(default_factory=CostContext)
     cluster: Text = Field(default="local", min_length=1, max_length=100)
 
@@ -427,6 +642,56 @@ class JobSpec(_Strict):
         if self.pruner == "median" and len(self.objectives) > 1:
             raise ValueError("pruner: median needs a single objective; use pareto or auto")
         return self
+
+    @model_validator(mode="after")
+    def _training_axes(self) -> JobSpec:
+        """A training axis is searched one way (jointly in `training`, or per shape in
+        `tune`); the grid sampler needs choices; `depth_lr_mult` only with a variant that has
+        depth-mixing parameters (`cost_model.residuals.DEPTH_MIXED`)."""
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        joint = self.training.searched()
+        tuned = self.tune.axes() if self.tune is not None else {}
+        for name in tuned:
+            if name in joint:
+                errors.append(
+                    (
+                        ("tune", name),
+                        f"also searched jointly in training.{name}; search {name} one way: "
+                        f"per shape (tune.{name}) or jointly (training.{name})",
+                    )
+                )
+        if self.sampler == "grid":
+            for name, value in joint.items():
+                if isinstance(value, FloatRange):
+                    errors.append(
+                        (("training", name), "the grid sampler needs choices, not a range")
+                    )
+        if not any(v in DEPTH_MIXED for v in self.space.variants):
+            mult = self.training.depth_lr_mult
+            where = None
+            if "depth_lr_mult" in tuned:
+                where = ("tune", "depth_lr_mult")
+            elif isinstance(mult, list | FloatRange) or mult != 1:
+                where = ("training", "depth_lr_mult")
+            if where is not None:
+                variants = ", ".join(self.space.variants)
+                errors.append(
+                    (where, f"none of the variants ({variants}) has depth-mixing parameters")
+                )
+        if errors:
+            _refuse(errors)
+        return self
+
+    @property
+    def tune_size(self) -> int:
+        """The settings each architecture is trained at: the product of the `tune` lists'
+        lengths (1 without `tune`)."""
+        return self.tune.size() if self.tune is not None else 1
+
+    @property
+    def runs(self) -> int:
+        """Training runs of the whole job: n_trials × seeds × `tune_size`."""
+        return self.n_trials * self.seeds * self.tune_size
 
     @property
     def multi_objective(self) -> bool:
