@@ -5,12 +5,20 @@ Studies are ordinary Optuna studies in the service's database (readable by any O
 The study's parameters are those of `spec.CandidateSpace` (the one description of the
 space, and of the `residual` codec: a variant, or `block_attnres/S=<size>`): `residual`,
 `n_layers`, the width axis (`d_model` or `aspect_ratio`), `n_heads` when searched, `budget`
-when there are several. No conditional parameters, so every sampler (grid included) sees one
-flat space.
+when there are several, then the joint training axes under their own names (`lr`, ...). No
+conditional parameters, so every sampler (grid included) sees one flat space.
+
+A trial's *setting* is the value of every training axis (`TRAINING_AXES`) it trains at:
+`training_setting` (fixed values from the spec, joint ones from the trial's parameters). With
+`tune`, a trial trains at every setting of the nested grid (`tune_settings`), each with
+`seeds` runs: `runs_per_trial`. The costs depend on the architecture only, so they are
+computed once per architecture and cost context (`price_candidate`'s LRU cache).
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import statistics
 import warnings
@@ -19,7 +27,8 @@ from typing import Any
 
 import optuna
 
-from cost_model import get_hardware, price
+from cost_model import ArchConfig, Parallelism, Workload, get_hardware, price
+from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
 from nas_service.spec import CandidateSpace, JobSpec, Training, build_candidate
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
@@ -97,6 +106,59 @@ def trial_budget(spec: JobSpec, params: dict[str, Any]) -> float:
     return float(params.get("budget", spec.budget.values()[0]))
 
 
+def training_setting(spec: JobSpec, params: dict[str, Any]) -> dict[str, float]:
+    """The setting a trial trains at, every axis of `TRAINING_AXES` (in that order): a fixed
+    axis's value from `spec.training`, a joint one's from the trial's parameters (a `tune`
+    axis is fixed here: `tune_settings` varies it). Raises ValueError naming a joint axis the
+    parameters lack."""
+    joint = spec.training.searched()
+    setting = {}
+    for name in TRAINING_AXES:
+        if name in joint:
+            if name not in params:
+                raise ValueError(f"the trial has no value of the joint training axis {name!r}")
+            setting[name] = float(params[name])
+        else:
+            setting[name] = float(getattr(spec.training, name))
+    return setting
+
+
+def tune_settings(spec: JobSpec, params: dict[str, Any]) -> list[dict[str, float]]:
+    """The settings a trial trains at: `[training_setting(spec, params)]` without `tune`;
+    with it, one per element of the product of the `tune` lists (`itertools.product` over
+    the listed axes in `TRAINING_AXES` order, the last axis varying fastest), the other axes
+    at their `training_setting` value."""
+    base = training_setting(spec, params)
+    if spec.tune is None:
+        return [base]
+    lists = spec.tune.axes()
+    return [
+        base | dict(zip(lists, combo, strict=True))
+        for combo in itertools.product(*(map(float, v) for v in lists.values()))
+    ]
+
+
+def runs_per_trial(spec: JobSpec) -> int:
+    """Training runs of one trained trial: seeds × the number of `tune` settings."""
+    return spec.seeds * spec.tune_size
+
+
+#: Cost reports kept (`_cost_metrics`): trials differing only in their training axes, or
+#: asked again (retries, pruned and re-suggested shapes), price their architecture once.
+COST_CACHE_SIZE = 4096
+
+
+@functools.lru_cache(maxsize=COST_CACHE_SIZE)
+def _cost_metrics(
+    arch: ArchConfig, workload: Workload, layout: Parallelism, hardware: str
+) -> tuple[tuple[str, float], ...]:
+    """Every cost metric of `arch` in a cost context (`cost_model.price`), as immutable
+    pairs: the costs depend on the architecture and the context only, never on the budget or
+    the training axes."""
+    report = price(arch, workload, layout, get_hardware(hardware))
+    return tuple((k, float(v)) for k, v in report.metrics().items())
+
+
 @dataclass
 class Priced:
     """A candidate after pricing: its arch and metrics, or why it is not trained."""
@@ -115,26 +177,27 @@ _SPEC_CORPUS: Any = object()
 def price_candidate(
     spec: JobSpec, params: dict[str, Any], seed: int = 0, corpus: str | None = _SPEC_CORPUS
 ) -> Priced:
-    """Arch for the params, every cost metric, the constraints, and the `TrainSpec`.
-    `corpus` is what the workers read: the runner passes the spec's corpus as resolved
-    against the operator's settings (`spec.resolve_corpus`); by default the spec's own."""
+    """Arch for the params, every cost metric, the constraints, and the `TrainSpec` of seed
+    `seed` at the trial's `training_setting` (a run at another setting or seed:
+    `train_spec.replace(**setting, seed=k)`). The metrics are computed once per architecture
+    and cost context (an LRU of `COST_CACHE_SIZE`). `corpus` is what the workers read: the
+    runner passes the spec's corpus as resolved against the operator's settings
+    (`spec.resolve_corpus`); by default the spec's own."""
     candidate = build_candidate(spec, CandidateSpace.from_study(params))
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
     arch = candidate.arch
-    report = price(
-        arch,
-        spec.cost.workload(spec.training),
-        spec.cost.parallelism(),
-        get_hardware(spec.cost.hardware),
-    )
-    metrics = {k: float(v) for k, v in report.metrics().items()}
+    workload, layout = spec.cost.workload(spec.training), spec.cost.parallelism()
+    metrics = dict(_cost_metrics(arch, workload, layout, spec.cost.hardware))
     for constraint in spec.constraints:
         value = metrics[constraint.metric]
         if value > constraint.max:
             reason = f"{constraint.metric} = {value:.4g} is over the cap {constraint.max:.4g}"
             return Priced(params, arch.to_dict(), metrics, "over_constraint", reason, None)
-    training = spec.training.model_dump(exclude=set(Training.ARCH_FIELDS))
+    # the fields of the same names, but the training axes (lists or ranges in the spec) as
+    # the trial's setting
+    training = spec.training.model_dump(exclude=set(Training.ARCH_FIELDS) | set(TRAINING_AXES))
+    training |= training_setting(spec, params)
     budget = spec.budget.train_fields(trial_budget(spec, params))
     corpus = spec.training.corpus if corpus is _SPEC_CORPUS else corpus
     train_spec = TrainSpec(arch=arch, seed=seed, **budget, **training | {"corpus": corpus})

@@ -10,7 +10,11 @@ conditional axes (`block_attnres/S=4`). `encode_residual` and `decode_residual` 
 codec and its inverse; nothing else reads or writes the string.
 
 The study's parameters are `residual`, the unconditional axes under their own names
-(`n_layers`, `d_model` or `aspect_ratio`, `n_heads`), and `budget` when the job has several.
+(`n_layers`, `d_model` or `aspect_ratio`, `n_heads`), `budget` when the job has several, and
+then the joint training axes (`training.lr`, ... given as choices or a range) under their own
+names (`lr`, `depth_lr_mult`, `warmup_frac`, `weight_decay`): a range is `suggest_float`'s
+(log-uniform when `log`), choices are categorical. They are not the architecture's:
+`from_study` drops them, and `tune` axes are never study parameters.
 
 Adding an axis: a field of `SearchSpace` (model.py) and a row of `AXES` (with the operator's
 ceiling on its values, which `check_job` applies with the per-axis count limit); if it is an
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from cost_model.residuals import BLOCK_SIZED
-from nas_service.spec.model import IntAxis, IntRange, JobSpec
+from nas_service.spec.model import TRAINING_AXES, FloatRange, IntAxis, IntRange, JobSpec
 
 if TYPE_CHECKING:
     from nas_service.settings import Settings
@@ -74,7 +78,8 @@ _BY_TAG = {d.tag: d for d in AXES if d.tag is not None}
 @dataclass(frozen=True)
 class Axis:
     """One searched axis of a job: explicit `choices`, or an integer `range` (counted without
-    being expanded: `values()` expands it, so call that on a spec `check_job` bounded)."""
+    being expanded: `values()` expands it, so call that on a spec `check_job` bounded), or a
+    continuous `interval` (a training axis's `FloatRange`: sampled, never counted)."""
 
     name: str
     field: str
@@ -82,6 +87,7 @@ class Axis:
     range: IntRange | None = None
     variants: frozenset[str] | None = None
     ceiling: Callable[[Settings], float] | None = None
+    interval: FloatRange | None = None
 
     @property
     def count(self) -> int:
@@ -93,6 +99,8 @@ class Axis:
         return self.range.last if self.range is not None else max(self.choices)
 
     def values(self) -> list[Any]:
+        if self.interval is not None:
+            raise ValueError(f"{self.field}: a continuous range has no list of values")
         return self.range.values() if self.range is not None else list(self.choices)
 
     def applies_to(self, variant: str) -> bool:
@@ -107,6 +115,8 @@ class Suggester(Protocol):
     """What `CandidateSpace.suggest` needs of a trial (an `optuna.Trial`)."""
 
     def suggest_int(self, name: str, low: int, high: int, *, step: int = 1) -> int: ...
+
+    def suggest_float(self, name: str, low: float, high: float, *, log: bool = False) -> float: ...
 
     def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
 
@@ -157,7 +167,8 @@ class CandidateSpace:
 
     def study_axes(self) -> tuple[Axis, ...]:
         """The study's flat parameters: `residual` (each variant with its conditional axes
-        folded in), the unconditional axes, and `budget` when there are several."""
+        folded in), the unconditional axes, `budget` when there are several, then the joint
+        training axes (`training_axes`)."""
         residuals: list[str] = []
         for variant in self.variants():
             conditional = [a for a in self._others(variant) if a.conditional]
@@ -168,10 +179,23 @@ class CandidateSpace:
         out += [a for a in self._axes[1:] if not a.conditional]
         if len(self.budgets()) > 1:
             out.append(Axis(BUDGET, "budget", tuple(self.budgets())))
+        return (*out, *self.training_axes())
+
+    def training_axes(self) -> tuple[Axis, ...]:
+        """The joint training axes (`training.<axis>` given as choices or a range), in
+        `TRAINING_AXES` order: study parameters after the architecture's and the budget."""
+        out = []
+        for name, value in self.spec.training.searched().items():
+            field = f"training.{name}"
+            if isinstance(value, FloatRange):
+                out.append(Axis(name, field, interval=value))
+            else:
+                out.append(Axis(name, field, tuple(float(v) for v in value)))
         return tuple(out)
 
     def grid(self) -> dict[str, list[Any]]:
-        """The study's parameters and all their values (the grid sampler's space)."""
+        """The study's parameters and all their values (the grid sampler's space). Raises
+        ValueError for a joint training range (the spec refuses one with the grid sampler)."""
         return {a.name: a.values() for a in self.study_axes()}
 
     def suggest(self, trial: Suggester) -> dict[str, Any]:
@@ -179,7 +203,10 @@ class CandidateSpace:
         were; a `residual` outside the choices is refused by the trial)."""
         params: dict[str, Any] = {}
         for axis in self.study_axes():
-            if axis.range is not None:
+            if axis.interval is not None:
+                i = axis.interval
+                params[axis.name] = trial.suggest_float(axis.name, i.low, i.high, log=i.log)
+            elif axis.range is not None:
                 r = axis.range
                 params[axis.name] = trial.suggest_int(axis.name, r.low, r.high, step=r.step)
             else:
@@ -195,9 +222,10 @@ class CandidateSpace:
 
     @staticmethod
     def from_study(params: dict[str, Any]) -> dict[str, Any]:
-        """The inverse of `to_study`: a trial's parameters as a candidate's (and `budget`).
+        """The inverse of `to_study`: a trial's parameters as a candidate's (and `budget`),
+        the joint training axes left out (they are not the architecture's).
         Raises ValueError for a `residual` this codec never writes."""
-        rest = {k: v for k, v in params.items() if k != RESIDUAL}
+        rest = {k: v for k, v in params.items() if k != RESIDUAL and k not in TRAINING_AXES}
         return decode_residual(str(params[RESIDUAL])) | rest
 
 

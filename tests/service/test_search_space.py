@@ -210,6 +210,7 @@ def test_the_train_spec_carries_every_training_field() -> None:
         "seq_len": 32,
         "batch_size": 4,
         "lr": 1e-3,
+        "depth_lr_mult": 0.5,
         "schedule": "wsd",
         "warmup_frac": 0.2,
         "weight_decay": 0.01,
@@ -218,8 +219,10 @@ def test_the_train_spec_carries_every_training_field() -> None:
         "threads": 2,
     }
     assert set(training) == set(Training.model_fields)  # a new field: add it here
-    spec = parse_spec(BASE | SPACES["one-variant"] | {"training": training})
-    params = {"residual": "baseline", "n_layers": 3, "d_model": 64}
+    one = SPACES["one-variant"]  # with a variant that has depth-mixing parameters
+    space = one["space"] | {"variants": ["mhc_lite"]}
+    spec = parse_spec(BASE | one | {"space": space, "training": training})
+    params = {"residual": "mhc_lite", "n_layers": 3, "d_model": 64}
     ts = price_candidate(spec, params, seed=7).train_spec
     assert ts is not None
     for name, value in training.items():
