@@ -27,7 +27,9 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from nas_service import profiles
 from nas_service.analysis import (
+    OptimumFit,
     compute_multiplier,
     fit_optimum,
     fit_scaling,
@@ -35,6 +37,7 @@ from nas_service.analysis import (
 )
 from nas_service.db import TrialOutcome, TrialRun, TrialStatus
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME
+from nas_service.spec.space import encode_residual
 
 T = TypeVar("T")
 
@@ -49,6 +52,14 @@ _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 #: A table's fingerprint: (its number of trials, whether trial n exists, and its job's run
 #: rows as (count, last id, last finish) or else its unfinished trials as (id, state)).
 Fingerprint = tuple[int, bool, tuple[Any, ...]]
+
+
+#: A training setting as a hashable key (its items sorted).
+SettingKey = tuple[tuple[str, float], ...]
+
+
+def setting_key(setting: dict[str, float]) -> SettingKey:
+    return tuple(sorted((str(k), float(v)) for k, v in setting.items()))
 
 
 @dataclass
@@ -67,13 +78,65 @@ class TrialRow:
     duration_s: float | None
     budget: float | None = None  # FLOPs or tokens the trial was trained with
     trial_id: int = -1  # Optuna's storage id (for incremental refreshes)
+    #: the chosen training setting (every axis's effective value; {} for older trials)
+    setting: dict[str, float] = field(default_factory=dict)
+    #: every setting tried: {"setting", "losses" (per seed, None where not finite), "mean"}
+    settings: list[dict[str, Any]] = field(default_factory=list)
+    #: the chosen setting's final validation loss per seed, in seed order
+    seeds: list[float | None] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.state = TrialStatus(self.state)  # a plain string of the vocabulary is taken too
+        if not self.settings and self.state == TrialStatus.COMPLETE:
+            # a trial from before training settings were recorded: one setting, {}, with the
+            # losses of its seeds (or its value)
+            loss = _loss_or_none(self.metrics.get("val_loss"))
+            losses = list(self.seeds) or ([loss] if loss is not None else [])
+            if losses:
+                self.settings = [
+                    {"setting": dict(self.setting), "losses": losses, "mean": _mean(losses)}
+                ]
+        if not self.seeds and self.state == TrialStatus.COMPLETE:
+            chosen = setting_key(self.setting)
+            for entry in self.settings:
+                if setting_key(entry["setting"]) == chosen:
+                    self.seeds = list(entry["losses"])
+                    break
 
     @property
     def variant(self) -> str:
         return str(self.arch.get("variant", "")) if self.arch else ""
+
+    @property
+    def residual(self) -> str:
+        """The variant as comparisons name it: with its block size where it has one
+        (`block_attnres/S=4`, `spec.space.encode_residual`)."""
+        variant = self.variant
+        try:
+            return encode_residual(variant, self.arch)
+        except KeyError:  # an architecture recorded without its block size
+            return variant
+
+    @property
+    def shape_key(self) -> tuple[str, int, int, int, float | None]:
+        """(variant label, n_layers, d_model, n_heads, budget): what a shape is matched by
+        (n_layers, d_model, n_heads 0 where the architecture lacks them)."""
+        a = self.arch
+        return (
+            self.residual,
+            int(a.get("n_layers", 0)),
+            int(a.get("d_model", 0)),
+            int(a.get("n_heads", 0)),
+            self.budget,
+        )
+
+    @property
+    def arch_key(self) -> tuple[Any, ...]:
+        """The architecture without training, and the budget: the unit of a profile. A trial
+        without a recorded architecture is its own."""
+        if not self.arch:
+            return ("trial", self.number, self.budget)
+        return (tuple(sorted((k, _hashable(v)) for k, v in self.arch.items())), self.budget)
 
     def as_dict(self, curve: bool = False) -> dict[str, Any]:
         out = {
@@ -89,10 +152,32 @@ class TrialRow:
             "train": self.train,
             "duration_s": self.duration_s,
             "budget": self.budget,
+            "setting": self.setting,
+            "settings": self.settings,
+            "seeds": self.seeds,
         }
         if curve:
             out["curve"] = self.curve
         return out
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+    except TypeError:
+        return repr(value)
+    return value
+
+
+def _mean(losses: list[float | None]) -> float | None:
+    """The mean of per-seed losses, None when any is missing (a run diverged)."""
+    if not losses or any(not _finite(v) for v in losses):
+        return None
+    return float(sum(v for v in losses if v is not None) / len(losses))
+
+
+def _loss_or_none(value: Any) -> float | None:
+    return float(value) if _finite(value) else None
 
 
 def _outcome(t: FrozenTrial) -> TrialOutcome | str:
@@ -117,6 +202,15 @@ def _row(t: FrozenTrial, objectives: list[str], budget: float | None) -> TrialRo
     duration = None
     if t.datetime_start and t.datetime_complete:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
+    setting = {str(k): float(v) for k, v in (attrs.get("setting") or {}).items()}
+    settings = [
+        {
+            "setting": {str(k): float(v) for k, v in (e.get("setting") or {}).items()},
+            "losses": [_loss_or_none(v) for v in e.get("losses", [])],
+            "mean": _loss_or_none(e.get("mean")),
+        }
+        for e in attrs.get("settings") or []
+    ]
     return TrialRow(
         number=t.number,
         state=STATE_NAMES[t.state],
@@ -132,7 +226,32 @@ def _row(t: FrozenTrial, objectives: list[str], budget: float | None) -> TrialRo
         duration_s=duration,
         budget=float(t.params["budget"]) if "budget" in t.params else budget,
         trial_id=t._trial_id,
+        setting=setting,
+        settings=settings,
+        seeds=_seeds(attrs, train, setting, settings),
     )
+
+
+def _seeds(
+    attrs: dict[str, Any],
+    train: list[dict[str, Any]],
+    setting: dict[str, float],
+    settings: list[dict[str, Any]],
+) -> list[float | None]:
+    """The chosen setting's final loss per seed: from its `settings` entry, else from
+    `val_loss_seeds` (older trials); a trial still training: its finished runs at the
+    setting of its first run (so far)."""
+    chosen = setting_key(setting)
+    for entry in settings:
+        if setting_key(entry["setting"]) == chosen:
+            return list(entry["losses"])
+    values = (attrs.get("val_loss_seeds") or {}).get("values")
+    if values is not None:
+        return [_loss_or_none(v) for v in values]
+    if not train:
+        return []
+    first = train[0].get("setting")
+    return [_loss_or_none(r.get("final_val_loss")) for r in train if r.get("setting") == first]
 
 
 @dataclass
@@ -340,13 +459,21 @@ class ResultsCache:
 
 
 def pareto_rows(
-    results: JobResults, metrics: list[str], variant: str | None = None
+    results: JobResults, metrics: list[str], variant: str | None = None, profile: bool = False
 ) -> tuple[list[TrialRow], list[TrialRow]]:
     """(front, candidates): the non-dominated rows over `metrics` (each minimised) among the
-    rows that have every metric (trained trials for val_loss), optionally one variant."""
+    rows that have every metric (trained trials for val_loss), optionally one variant. With
+    `profile`, each trained architecture is its best-setting trial alone (`profiles.profile`);
+    trials of architectures with no completed training (infeasible, pruned) stay as they are."""
+    rows = results.counted()
+    if profile:
+        best = profiles.profile(rows)
+        chosen = {id(p.row) for p in best}
+        profiled = {p.arch_key for p in best}
+        rows = [r for r in rows if id(r) in chosen or r.arch_key not in profiled]
     rows = [
         r
-        for r in results.counted()
+        for r in rows
         if all(m in r.metrics and _finite(r.metrics[m]) for m in metrics)
         and (variant is None or r.variant == variant)
     ]
@@ -361,18 +488,45 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-def optimum_by_variant(results: JobResults, bootstrap: int = 200) -> list[dict[str, Any]]:
+def _ratio(row: TrialRow) -> float:
+    return float(row.arch["d_model"]) / float(row.arch["n_layers"])
+
+
+def _points(rows: list[TrialRow], profile: bool) -> list[tuple[TrialRow, float, dict[str, float]]]:
+    """(trial, loss, setting) per point of a fit: one per architecture at its best setting,
+    or every trained trial at its own."""
+    if profile:
+        return [(p.row, p.loss, p.setting) for p in profiles.profile(rows)]
+    return [
+        (r, r.metrics["val_loss"], r.setting) for r in rows if _finite(r.metrics.get("val_loss"))
+    ]
+
+
+def optimum_by_variant(
+    results: JobResults, bootstrap: int = 200, profile: bool = True
+) -> list[dict[str, Any]]:
     """Per residual variant (and per budget, for jobs over several): the loss-optimal
-    d_model/L_b among trained trials at matched compute."""
+    d_model/L_b among trained trials at matched compute (`analysis.fit_optimum`), fitted on
+    the profile (one point per architecture: its best training setting's mean loss) or, with
+    `profile` off, on every trained trial (`view`).
+
+    Where the variant was trained at more than one setting, `fixed` is the same fit on
+    `profiles.fixed_view` (every shape at the one best shared setting), and `moved` says
+    whether the optimum moves between the two: the fit's optimum lies outside the fixed
+    view's interval (or, without one, the fixed optimum outside the fit's), or the verdicts
+    differ; `move_message` says which way and by what factor."""
     groups: dict[tuple[str, float | None], list[TrialRow]] = {}
     for r in results.counted():
-        if r.state == "complete" and _finite(r.metrics.get("val_loss")) and r.arch:
+        if r.state == "complete" and r.arch and "d_model" in r.arch and r.arch.get("n_layers"):
             groups.setdefault((r.variant, r.budget), []).append(r)
     out = []
     for (variant, budget), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        ratios = [r.arch["d_model"] / r.arch["n_layers"] for r in rows]
-        losses = [r.metrics["val_loss"] for r in rows]
-        best = min(rows, key=lambda r: r.metrics["val_loss"])
+        points = _points(rows, profile)
+        if not points:
+            continue
+        ratios = [_ratio(r) for r, _, _ in points]
+        losses = [loss for _, loss, _ in points]
+        best, best_loss, best_setting = min(points, key=lambda p: (p[1], p[0].number))
         fit = fit_optimum(
             variant,
             ratios,
@@ -380,27 +534,95 @@ def optimum_by_variant(results: JobResults, bootstrap: int = 200) -> list[dict[s
             bootstrap=bootstrap,
             best_observed={
                 "trial": best.number,
-                "val_loss": best.metrics["val_loss"],
+                "val_loss": best_loss,
                 "d_model": best.arch["d_model"],
                 "n_layers": best.arch["n_layers"],
-                "ratio": best.arch["d_model"] / best.arch["n_layers"],
+                "ratio": _ratio(best),
+                "setting": best_setting,
             },
         )
-        out.append(fit.as_dict() | {"budget": budget, "_fit": fit, "_data": (ratios, losses)})
+        answer = fit.as_dict() | {
+            "budget": budget,
+            "view": "profile" if profile else "raw",
+            "_fit": fit,
+            "_data": (ratios, losses),
+        }
+        if len({p.setting_key for p in profiles.records(rows)}) > 1:
+            setting, fixed_rows = profiles.fixed_view(rows)
+            fixed = fit_optimum(
+                variant, [p.ratio for p in fixed_rows], [p.loss for p in fixed_rows], bootstrap
+            )
+            answer["fixed"] = {
+                "setting": setting,
+                "optimum_ratio": fixed.optimum_ratio,
+                "ci_low": fixed.ci_low,
+                "ci_high": fixed.ci_high,
+                "verdict": fixed.verdict,
+                "n_shapes": fixed.n_shapes,
+                "message": fixed.message,
+            }
+            answer["moved"], answer["move_message"] = _moved(fit, fixed, setting, profile)
+        out.append(answer)
     return out
 
 
+def _moved(
+    fit: OptimumFit, fixed: OptimumFit, setting: dict[str, float], profile: bool
+) -> tuple[bool, str]:
+    """Whether the optimum moves between the fixed-setting view and `fit`, and a sentence."""
+    shared = ", ".join(f"{k}={v:.3g}" for k, v in sorted(setting.items())) or "one setting"
+    fixed_says = f"every shape at {shared}"
+    fit_says = "each architecture at its best setting" if profile else "every trial"
+    opt, ref = fit.optimum_ratio, fixed.optimum_ratio
+    if fit.verdict != fixed.verdict:
+        where = f" (from {ref:.3g} to {opt:.3g})" if opt is not None and ref is not None else ""
+        return True, (
+            f"the optimum's verdict moves from {fixed.verdict} ({fixed_says}) to "
+            f"{fit.verdict} ({fit_says}){where}"
+        )
+    if opt is None or ref is None:
+        return False, f"neither view locates an optimum ({fit.verdict})"
+    factor = opt / ref
+    way = f"{factor:.3g}× larger" if factor >= 1 else f"{1 / factor:.3g}× smaller"
+    if fixed.ci_low is not None and fixed.ci_high is not None:
+        outside = not fixed.ci_low <= opt <= fixed.ci_high
+        against = f"the fixed view's interval [{fixed.ci_low:.3g}, {fixed.ci_high:.3g}]"
+    elif fit.ci_low is not None and fit.ci_high is not None:
+        outside = not fit.ci_low <= ref <= fit.ci_high
+        against = f"the interval [{fit.ci_low:.3g}, {fit.ci_high:.3g}] (the fixed view has none)"
+    else:
+        return False, (
+            f"no interval to tell: the optimum is {ref:.3g} with {fixed_says} and {opt:.3g} "
+            f"with {fit_says}"
+        )
+    if outside:
+        return True, (
+            f"the optimum moves from {ref:.3g} ({fixed_says}) to {opt:.3g} ({fit_says}): "
+            f"{way}, outside {against}"
+        )
+    return False, (
+        f"the optimum does not move: {opt:.3g} ({fit_says}) against {ref:.3g} ({fixed_says}), "
+        f"within {against}"
+    )
+
+
 def scaling_by_variant(
-    results: JobResults, reference: str | None = None, loss: float | None = None
+    results: JobResults,
+    reference: str | None = None,
+    loss: float | None = None,
+    profile: bool = True,
 ) -> dict[str, Any]:
-    """ℒ = A·C^−α per variant from the best loss at each budget, and the compute multiplier
-    of every variant over `reference` at `loss` (how much more compute the reference needs)."""
+    """ℒ = A·C^−α per variant from the best loss at each budget (over the profile: each
+    architecture at its best setting; the best per budget is the same over the raw trials),
+    and the compute multiplier of every variant over `reference` at `loss` (how much more
+    compute the reference needs)."""
     best: dict[str, dict[float, float]] = {}
-    for r in results.counted():
-        if r.state == "complete" and _finite(r.metrics.get("val_loss")) and r.budget:
+    trained = [r for r in results.counted() if r.state == "complete" and r.budget]
+    for r, value, _ in _points(trained, profile):
+        if r.budget:
             per = best.setdefault(r.variant, {})
-            if r.budget not in per or r.metrics["val_loss"] < per[r.budget]:
-                per[r.budget] = r.metrics["val_loss"]
+            if r.budget not in per or value < per[r.budget]:
+                per[r.budget] = value
     fits = {}
     problems = {}
     for variant, pts in sorted(best.items()):
