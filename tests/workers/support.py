@@ -1,14 +1,16 @@
 """What the model tests share: small configurations, perturbed parameters, driving a mixer with
-fixed sublayer outputs, the paper's source sets, both inference schedules, and the fp64
-equality of values and gradients."""
+fixed sublayer outputs, the paper's source sets, both inference schedules, the fp64
+equality of values and gradients, and a corpus that keeps the training batches it hands out."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from cost_model import ArchConfig
+from workers.data import Corpus
 from workers.model import DepthMixer, DepthscopeLM, build_model
 
 SHAPES: list[dict[str, Any]] = [  # keyword arguments of ArchConfig
@@ -139,3 +141,23 @@ def run_schedules(model: DepthscopeLM, idx: torch.Tensor) -> dict[str, dict[str,
         }
     hook.remove()
     return out
+
+
+@dataclass(frozen=True, eq=False)
+class RecordingCorpus(Corpus):
+    """A real corpus (the same tokens) that also keeps a copy of every training batch it
+    hands out, in order (`drawn`): what a training run actually trained on."""
+
+    drawn: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, corpus: Corpus) -> RecordingCorpus:
+        return cls(corpus.train, corpus.val, corpus.info)
+
+    def batch(
+        self, split: str, batch_size: int, seq_len: int, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().batch(split, batch_size, seq_len, generator)
+        if split == "train":
+            self.drawn.append((x.clone(), y.clone()))
+        return x, y
