@@ -1,12 +1,37 @@
-"""The trial half of the runner: launching a trial's training on Ray, recording each attempt
-(`ds_trial_runs`), and concluding a trial — pruned, diverged, completed, failed, retried after
-a lost worker, cancelled — always through `_tell` (outcome, reason, attributes, then the
-state or the values told to the study). `Runner` (`nas_service.runner`) builds on it."""
+"""The trial half of the runner: launching a trial's training on Ray, recording each run
+and attempt (`ds_trial_runs`), and concluding a trial — pruned, diverged, completed, failed,
+retried after a lost worker, cancelled — always through `_tell` (outcome, reason, attributes,
+then the state or the values told to the study). `Runner` (`nas_service.runner`) builds on it.
+
+A trial trains a *plan* of runs, one after the other (its concurrency slot stays one): for
+each setting s of `search.tune_settings(spec, params)` (one setting without a `tune` grid),
+the seeds k = 0 … seeds−1, each run's `TrainSpec` = the candidate's with the setting's four
+training axes and `seed = k`, so seed k of every trial sees the same batches and the same
+initialisation (seeds are paired across trials). After each finished run the trial's `train`
+attribute holds the runs finished so far, and the run's row is closed ("run i of n") after
+the next run's row is opened (same attempt), so a trial in flight always has one open row and
+readers of the job's run rows (`nas_service.results`) see the progress. A lost worker is
+retried on the same run, `MAX_ATTEMPTS` per trial in all.
+
+The trial's result per setting s: the final validation losses of its seeds, L_s,k (None where
+not finite, diverged, or skipped), and mean(L_s) = (1/seeds)·Σ_k L_s,k, None if any is None.
+The chosen setting is s* = argmin_s mean(L_s) (the first of equal means); the trial's
+`val_loss` objective is mean(L_s*), `val_loss_seeds` the statistics of L_s*, `curve` the
+curve of s*'s seed 0. A diverged run gives its setting up (its remaining seeds are skipped);
+the trial is `diverged` when every setting was given up (with a single setting: its first
+diverged seed, as before a `tune` grid existed).
+
+Pruning reads seed 0's intermediate losses of a trial with a single setting (the median rule,
+or `cannot_reach_front` for several objectives). A trial with a `tune` grid is never pruned:
+an intermediate loss of one setting bounds neither the final loss of that setting's other
+seeds nor that of the best setting, which is what the trial's value is."""
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,10 +62,25 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then failed
 
+ATTR_SETTING = "setting"  # the chosen setting
+ATTR_SETTINGS = "settings"  # per setting tried: {"setting", "losses", "mean"}
+ATTR_SEEDS = "val_loss_seeds"  # the chosen setting's seed statistics and values
+
+
+@dataclass
+class Run:
+    """A finished training run of a trial: its setting (an index into the flight's
+    settings), its seed and what came back."""
+
+    setting: int
+    seed: int
+    result: TrainResult
+
 
 @dataclass
 class Flight:
-    """One trial in flight: its candidate, the seed being trained and what came back."""
+    """One trial in flight: its candidate, its plan of runs (every setting × every seed,
+    setting-major), the run being trained (`index` into `plan`) and what came back."""
 
     job_id: str
     spec: JobSpec
@@ -48,11 +88,62 @@ class Flight:
     trial: optuna.Trial
     priced: Priced
     run_id: int
-    seed: int = 0
+    settings: list[dict[str, float]] = field(default_factory=lambda: [{}])
+    index: int = 0
     attempt: int = 1
     gen: Any = None
     points: list[EvalPoint] = field(default_factory=list)
-    results: list[TrainResult] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    given_up: set[int] = field(default_factory=set)  # settings a diverged run ended
+    next_run_id: int | None = None  # the next run's row, opened before this one's is closed
+
+    @property
+    def plan(self) -> list[tuple[int, int]]:
+        """(setting, seed) of every run, in the order they are trained."""
+        return [(s, k) for s in range(len(self.settings)) for k in range(self.spec.seeds)]
+
+    @property
+    def setting(self) -> int:
+        return self.plan[self.index][0]
+
+    @property
+    def seed(self) -> int:
+        return self.plan[self.index][1]
+
+    @property
+    def tuned(self) -> bool:
+        """Whether the trial trains at several settings (a `tune` grid)."""
+        return len(self.settings) > 1
+
+    def next_index(self) -> int | None:
+        """The next run of the plan whose setting has not been given up, if any."""
+        plan = self.plan
+        return next(
+            (i for i in range(self.index + 1, len(plan)) if plan[i][0] not in self.given_up),
+            None,
+        )
+
+    def summaries(self) -> list[dict[str, Any]]:
+        """The `train` attribute: every finished run's summary, its seed and setting."""
+        return [
+            train_summary(r.result) | {"seed": r.seed, "setting": self.settings[r.setting]}
+            for r in self.runs
+        ]
+
+    def table(self) -> list[dict[str, Any]]:
+        """The `settings` attribute: per setting, its seeds' final losses and their mean."""
+        losses: dict[tuple[int, int], float | None] = {}
+        for r in self.runs:
+            loss = r.result.final_val_loss
+            ok = r.result.status != "diverged" and math.isfinite(loss)
+            losses[r.setting, r.seed] = loss if ok else None
+        rows = []
+        for s, setting in enumerate(self.settings):
+            seeds = [losses.get((s, k)) for k in range(self.spec.seeds)]
+            finite = [x for x in seeds if x is not None]
+            mean = statistics.fmean(finite) if len(finite) == len(seeds) else None
+            rows.append({"setting": setting, "losses": seeds, "mean": mean})
+        return rows
 
 
 def conclude(
@@ -119,12 +210,15 @@ class TrialOutcomes:
                 s.delete(run)
 
     def _launch(self, flight: Flight) -> None:
+        """Start the flight's current run: the candidate's `TrainSpec` at the run's setting
+        and seed."""
         import ray
 
         from workers.task import train_streaming
 
         assert flight.priced.train_spec is not None
-        spec = flight.priced.train_spec.replace(seed=flight.seed)
+        setting = flight.settings[flight.setting]
+        spec = flight.priced.train_spec.replace(**setting, seed=flight.seed)
         resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
         gpus = 1 if resources.get("GPU", 0) >= 1 else 0
         cpus = spec.threads or 1
@@ -154,14 +248,17 @@ class TrialOutcomes:
 
     def _finish_run(self, flight: Flight, state: RunState, reason: str) -> None:
         self._close_run(flight.run_id, state, reason)
+        if flight.next_run_id is not None:  # opened for a run that will never start
+            self._drop_run(flight.next_run_id)
+            flight.next_run_id = None
         if flight in self.flights:
             self.flights.remove(flight)
 
     def _on_point(self, flight: Flight, point: EvalPoint) -> None:
         if not flight.points or flight.points[-1] is not point:  # not again after an outage
             flight.points.append(point)
-        if flight.seed != 0 or flight.spec.pruner == "none":
-            return
+        if flight.seed != 0 or flight.tuned or flight.spec.pruner == "none":
+            return  # see the module's docstring
         trial, spec = flight.trial, flight.spec
         reason = None
         if not spec.multi_objective:
@@ -197,36 +294,71 @@ class TrialOutcomes:
         self._finish_run(flight, RunState.PRUNED, reason)
 
     def _on_result(self, flight: Flight, result: TrainResult) -> None:
+        """A run of the plan finished: go on with the next one, or conclude the trial. Safe to
+        repeat after a database outage (the backlog hands the same result again)."""
         trial = flight.trial
-        if not flight.results or flight.results[-1] is not result:
-            flight.results.append(result)
-        train = [train_summary(r) for r in flight.results]
-        if result.status == "diverged":  # recorded, never retried
-            attrs: dict[str, Any] = {ATTR_TRAIN: train, ATTR_CURVE: curve_rows(result.curve)}
+        if not flight.runs or flight.runs[-1].result is not result:
+            flight.runs.append(Run(flight.setting, flight.seed, result))
+        diverged = result.status == "diverged"
+        if diverged:
+            flight.given_up.add(flight.setting)
+        train = flight.summaries()
+        following = flight.next_index()
+        if following is not None:
+            self._next_run(flight, following, train)
+            return
+        table = flight.table()
+        means = [(row["mean"], s) for s, row in enumerate(table) if row["mean"] is not None]
+        if not means:  # every setting diverged (recorded, never retried)
+            if flight.tuned:
+                reason = f"every one of {len(table)} settings diverged; the last: {result.reason}"
+            else:
+                reason = result.reason or "no finite final loss"
+            attrs: dict[str, Any] = {
+                ATTR_TRAIN: train,
+                ATTR_CURVE: curve_rows(result.curve),
+                ATTR_SETTINGS: table,
+            }
+            if not flight.tuned:
+                attrs[ATTR_SETTING] = flight.settings[0]
             self._tell(
-                flight.study,
-                trial,
-                TrialOutcome.DIVERGED,
-                result.reason,
-                TrialState.FAIL,
-                attrs=attrs,
+                flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
             )
-            self._finish_run(flight, RunState.DIVERGED, result.reason)
+            self._finish_run(flight, RunState.DIVERGED, reason)
             return
-        if flight.seed + 1 < flight.spec.seeds:
-            flight.seed += 1
-            self._launch(flight)
-            return
-        losses = [r.final_val_loss for r in flight.results]
+        best = min(means, key=lambda m: m[0])[1]  # the first of equal means
+        losses = [x for x in table[best]["losses"] if x is not None]
         stats = seed_statistics(losses)
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics)
+        first = next(r for r in flight.runs if r.setting == best and r.seed == 0)
         attrs = {
             ATTR_TRAIN: train,
-            ATTR_CURVE: curve_rows(flight.results[0].curve),
-            "val_loss_seeds": stats | {"values": losses},
+            ATTR_CURVE: curve_rows(first.result.curve),
+            ATTR_SETTING: flight.settings[best],
+            ATTR_SETTINGS: table,
+            ATTR_SEEDS: stats | {"values": losses},
         }
         self._tell(flight.study, trial, TrialOutcome.COMPLETED, "", values=values, attrs=attrs)
         self._finish_run(flight, RunState.COMPLETED, "")
+
+    def _next_run(self, flight: Flight, following: int, train: list[dict[str, Any]]) -> None:
+        """Record the finished run and start run `following` of the plan: the `train`
+        attribute first, then the next run's row, then the finished run's row closed (so a
+        reader that sees the rows change sees the attribute, and the trial always has an open
+        row for recovery to close)."""
+        run = flight.runs[-1]
+        done = f"run {flight.index + 1} of {len(flight.plan)}"
+        diverged = run.result.status == "diverged"
+        flight.trial.set_user_attr(ATTR_TRAIN, train)
+        if flight.next_run_id is None:
+            flight.next_run_id = self._new_run(
+                flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
+            )
+        state = RunState.DIVERGED if diverged else RunState.COMPLETED
+        self._close_run(flight.run_id, state, f"{done}: {run.result.reason}" if diverged else done)
+        flight.run_id, flight.next_run_id = flight.next_run_id, None
+        flight.index = following
+        self._launch(flight)
 
     def _fail(self, flight: Flight, reason: str) -> None:
         self._tell(flight.study, flight.trial, TrialOutcome.FAILED, reason, TrialState.FAIL)

@@ -1,6 +1,8 @@
 """The job loop: keeps up to `max_concurrent` trials of every active job in flight on Ray,
 streams each candidate's validation losses back while it trains, prunes the hopeless,
-retries candidates whose worker died, and resumes after a crash.
+retries candidates whose worker died, and resumes after a crash. A trial trains every
+setting of its `tune` grid (one without) at every seed, one run after the other in its slot,
+and records each run as it finishes (`nas_service.outcomes`).
 
 Only this process touches the database; workers are stateless. A trial is done only when
 told to the study. A runner drives a cluster only while it holds the cluster's lease
@@ -59,6 +61,7 @@ from nas_service.search import (
     load_study,
     price_candidate,
     suggest,
+    tune_settings,
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
@@ -334,7 +337,8 @@ class Runner(TrialOutcomes):
                 self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)
                 self._drop_run(run_id)  # never trained: no attempt to record
                 return None
-            flight = Flight(job_id, spec, study, trial, priced, run_id)
+            settings = tune_settings(spec, params)
+            flight = Flight(job_id, spec, study, trial, priced, run_id, settings=settings)
             self._launch(flight)
         except Exception as exc:
             if is_database_outage(exc):
