@@ -8,7 +8,10 @@
 - A poisoned trial is not retried forever: a left trial is *suspect* when no other trial
   finished after it started (the runner died while it ran and nothing else made progress).
   After `max_trial_recoveries` suspect stops in a row its candidate is failed with the
-  reason, counted, and not re-enqueued.
+  reason, counted, and not re-enqueued. A trial trains several runs (settings × seeds), a
+  row each; the rows of the runs it finished before the runner stopped stay closed as they
+  were ("run i of n"): they are not a trial finishing, so they neither clear a suspect nor
+  count, and only the trial's open row (its current run) is closed here.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from nas_service.db import EventKind, Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
 from nas_service.outcomes import conclude
@@ -54,13 +57,28 @@ def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
 
 
 def _progress_since(s: Session, started: dt.datetime | None) -> bool:
+    """Whether a trial finished (any job's) after `started`: a run row closed since, not lost,
+    that is its trial's last row. A trial trains several runs, each with its row, and only
+    the last one ends it; the rows of runs closed on the way ("run i of n") are followed by
+    the next run's row, so those of a trial still in flight, or lost with the runner, are not
+    progress: a candidate that stops the runner in its n-th run stays suspect."""
     if started is None:
         return True  # unknown: do not count it against the candidate
     when = started.astimezone(dt.UTC) if started.tzinfo is None else started
+    later = aliased(TrialRun)
+    superseded = (
+        select(later.id)
+        .where(
+            later.job_id == TrialRun.job_id,
+            later.trial_number == TrialRun.trial_number,
+            later.id > TrialRun.id,
+        )
+        .exists()
+    )
     finished = s.scalar(
         select(func.count())
         .select_from(TrialRun)
-        .where(TrialRun.state != RunState.LOST, TrialRun.finished_at > when)
+        .where(TrialRun.state != RunState.LOST, TrialRun.finished_at > when, ~superseded)
     )
     return bool(finished)
 
