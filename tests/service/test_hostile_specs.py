@@ -5,13 +5,15 @@ settings and YAML files: test_hostile_inputs.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import pickle
 import time
 import tracemalloc
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,6 +26,7 @@ from nas_service.spec import (
     parse_spec,
     space_size,
 )
+from tests.service.apikit import error
 from tests.service.hostile import (
     BILLION,
     GOOD,
@@ -34,6 +37,9 @@ from tests.service.hostile import (
     refusal,
     with_,
 )
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 # -- refused by the spec alone ----------------------------------------------------------------
 PARSE_CASES = [
@@ -116,6 +122,118 @@ PARSE_CASES = [
     ),
     ("hardware-nul", with_(("cost.hardware", "h100\x00")), "cost.hardware", "NUL byte"),
 ]
+#: The training axes: choices, ranges and tune lists (also submitted over HTTP, below).
+TRAINING_PARSE_CASES = [
+    ("lr-choices-empty", with_(("training.lr", [])), "training.lr", "empty"),
+    ("lr-choices-duplicate", with_(("training.lr", [0.1, 0.1])), "training.lr", "duplicate"),
+    ("lr-choice-nan", with_(("training.lr", [0.1, NAN])), "training.lr", "finite"),
+    ("lr-choice-huge", with_(("training.lr", [0.1, 1e300])), "training.lr", "outside (0, 1000]"),
+    ("lr-choice-bool", with_(("training.lr", [0.1, True])), "training.lr", "not true"),
+    (
+        "lr-range-inverted",
+        with_(("training.lr", {"low": 0.1, "high": 0.01})),
+        "training.lr",
+        "inverted range",
+    ),
+    (
+        "lr-range-empty",
+        with_(("training.lr", {"low": 0.1, "high": 0.1})),
+        "training.lr",
+        "give a single value",
+    ),
+    (
+        "lr-range-inf",
+        with_(("training.lr", {"low": 0.1, "high": INF})),
+        "training.lr.high",
+        "finite",
+    ),
+    (
+        "lr-range-log-non-positive",
+        with_(("training.lr", {"low": -1.0, "high": 0.1, "log": True})),
+        "training.lr",
+        "a log range needs positive bounds",
+    ),
+    (
+        "depth-lr-mult-log-zero",
+        with_(("training.depth_lr_mult", {"low": 0, "high": 10, "log": True})),
+        "training.depth_lr_mult",
+        "a log range needs positive bounds, got low 0",
+    ),
+    (
+        "depth-lr-mult-huge",
+        with_(("training.depth_lr_mult", 1e9)),
+        "training.depth_lr_mult",
+        "outside [0, 1000]",
+    ),
+    (
+        "warmup-range-over-1",
+        with_(("training.warmup_frac", {"low": 0.0, "high": 2.0})),
+        "training.warmup_frac",
+        "high 2 is outside [0, 1]",
+    ),
+    (
+        "weight-decay-negative",
+        with_(("training.weight_decay", [-0.1, 0.1])),
+        "training.weight_decay",
+        "outside [0, 1000]",
+    ),
+    (
+        "tune-unknown-axis",
+        with_(("tune", {"momentum": [0.9, 0.95]})),
+        "tune.momentum",
+        "unknown training axis 'momentum'; expected one of lr, depth_lr_mult, warmup_frac, "
+        "weight_decay",
+    ),
+    (
+        "tune-key-escaped",
+        with_(("tune", {"lr\x00": [0.1]})),
+        "tune.lr\\x00",
+        "unknown training axis 'lr\\x00'",
+    ),
+    ("tune-empty-list", with_(("tune", {"lr": []})), "tune.lr", "empty"),
+    ("tune-duplicate", with_(("tune", {"lr": [0.1, 0.1]})), "tune.lr", "duplicate"),
+    ("tune-nan", with_(("tune", {"weight_decay": [NAN]})), "tune.weight_decay", "finite"),
+    ("tune-not-a-list", with_(("tune", {"lr": 0.1})), "tune.lr", "must be a list"),
+    (
+        "tune-out-of-bounds",
+        with_(("tune", {"warmup_frac": [0.5, 1.5]})),
+        "tune.warmup_frac",
+        "outside [0, 1]",
+    ),
+    (
+        "tune-and-joint",
+        with_(("tune", {"lr": [0.01, 0.1]}), ("training.lr", [0.01, 0.1])),
+        "tune.lr",
+        "also searched jointly in training.lr",
+    ),
+    (
+        "grid-with-a-range",
+        with_(("sampler", "grid"), ("training.lr", {"low": 1e-4, "high": 1e-2, "log": True})),
+        "training.lr",
+        "the grid sampler needs choices, not a range",
+    ),
+    (
+        "depth-lr-mult-without-mixing",
+        with_(
+            ("space.variants", ["baseline"]),
+            ("space.block_sizes", None),
+            ("training.depth_lr_mult", 10.0),
+        ),
+        "training.depth_lr_mult",
+        "none of the variants (baseline) has depth-mixing parameters",
+    ),
+    (
+        "tune-depth-lr-mult-without-mixing",
+        with_(
+            ("space.variants", ["baseline"]),
+            ("space.block_sizes", None),
+            ("tune", {"depth_lr_mult": [0.1, 1.0, 10.0]}),
+        ),
+        "tune.depth_lr_mult",
+        "none of the variants (baseline) has depth-mixing parameters",
+    ),
+]
+PARSE_CASES += TRAINING_PARSE_CASES
 
 
 @pytest.mark.parametrize(
@@ -297,6 +415,65 @@ CHECK_CASES = [
         "not a registered corpus",
     ),
 ]
+#: The training axes: values per axis, runs of the job (counted, never built).
+TRAINING_CHECK_CASES = [
+    (
+        "lr-choices-too-many",
+        with_(("training.lr", [1e-4 * (i + 1) for i in range(20)])),
+        {"max_axis_values": 10},
+        "training.lr",
+        "20 values, over the limit of 10 per axis",
+    ),
+    (
+        "tune-list-too-long",
+        with_(("tune", {"lr": [1e-4 * (i + 1) for i in range(20)]})),
+        {"max_axis_values": 10},
+        "tune.lr",
+        "20 values, over the limit of 10 per axis",
+    ),
+    (
+        "tune-runs-over-the-limit",
+        with_(
+            ("seeds", 2),
+            ("tune", {"lr": [1e-3, 3e-3, 1e-2], "warmup_frac": [i / 400 for i in range(400)]}),
+        ),
+        {},
+        "tune",
+        "10 × 2 × 1200 = 24000 training runs, over the limit of 20000 per job",
+    ),
+    (
+        "tune-product-of-a-quintillion",
+        with_(
+            (
+                "tune",
+                {
+                    "lr": [1e-4 * (i + 1) for i in range(5000)],
+                    "depth_lr_mult": [i / 10 for i in range(5000)],
+                    "warmup_frac": [i / 5000 for i in range(5000)],
+                    "weight_decay": [i / 50 for i in range(5000)],
+                },
+            ),
+        ),
+        {},
+        "tune",
+        "6.25e+15 training runs, over the limit of 20000",
+    ),
+    (
+        "n-trials-runs-over-the-limit",
+        with_(("n_trials", 1000), ("seeds", 5)),
+        {"max_job_runs": 1000},
+        "n_trials",
+        "1000 × 5 = 5000 training runs, over the limit of 1000 per job",
+    ),
+    (
+        "job-compute-times-tune",
+        with_(("budget", {"flops": 1e21}), ("n_trials", 1000), ("tune", {"lr": [1e-3, 3e-3]})),
+        {},
+        "budget",
+        "n_trials × seeds × tune settings × 1e+21 FLOPs = 2e+24 FLOPs",
+    ),
+]
+CHECK_CASES += TRAINING_CHECK_CASES
 
 
 @pytest.mark.parametrize(
@@ -311,6 +488,55 @@ def test_hostile_spec_is_refused_by_check_job(
     errors, elapsed = refusal(check_job, spec, get_settings(**settings))
     assert_refused(errors, field, fragment)
     assert elapsed < 0.5, f"took {elapsed:.2f} s"
+
+
+#: The training rows again over HTTP: the API's JSON reader refuses a NUL in a key on the
+#: mapping holding it and a non-finite number on the element itself (`training.lr.1`).
+HTTP_CASES: list[tuple[str, Any, dict[str, Any], str, str]] = [
+    (c[0], c[1], {}, *c[2:]) for c in TRAINING_PARSE_CASES if c[0] != "tune-key-escaped"
+] + TRAINING_CHECK_CASES
+
+
+@pytest.fixture(scope="module")
+def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., TestClient]]:
+    """The app in process on a fresh SQLite file per set of operator settings (no runner)."""
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+
+    made: dict[str, TestClient] = {}
+    with contextlib.ExitStack() as stack:
+
+        def client(**settings: Any) -> TestClient:
+            key = json.dumps(settings, sort_keys=True)
+            if key not in made:
+                url = f"sqlite:///{tmp_path_factory.mktemp('api') / 'api.db'}"
+                app = create_app(get_settings(database_url=url, **settings))
+                made[key] = stack.enter_context(TestClient(app))
+            return made[key]
+
+        yield client
+
+
+@pytest.mark.parametrize(
+    ("data", "settings", "field", "fragment"),
+    [case[1:] for case in HTTP_CASES],
+    ids=[case[0] for case in HTTP_CASES],
+)
+def test_a_hostile_training_axis_is_refused_over_http_and_nothing_is_stored(
+    clients: Callable[..., TestClient],
+    data: Any,
+    settings: dict[str, Any],
+    field: str,
+    fragment: str,
+) -> None:
+    client = clients(**settings)
+    sent = json.dumps(data)  # NaN and Infinity as JavaScript writes them
+    response = client.post("/v1/jobs", content=sent, headers={"content-type": "application/json"})
+    body = error(response, 422)
+    assert body["field"] == field or body["field"].startswith(f"{field}."), body
+    assert fragment in body["message"], body
+    assert client.get("/v1/jobs").json()["total"] == 0
 
 
 def test_a_billion_wide_range_is_counted_never_expanded() -> None:
