@@ -7,7 +7,7 @@ architecture."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 import pytest
@@ -37,6 +37,9 @@ from nas_service.spec import (
     parse_spec,
 )
 from tests.service.hostile import GOOD, with_
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -463,3 +466,28 @@ def test_the_costs_are_computed_once_per_architecture(monkeypatch: pytest.Monkey
     price_candidate(other, ARCH | setting)
     assert len(calls) == 3
     assert search._cost_metrics.cache_info().maxsize == search.COST_CACHE_SIZE
+
+
+def test_a_job_with_training_axes_is_submitted_over_http_and_read_back(
+    client: TestClient,
+) -> None:
+    """The API validates strictly (a JSON integer is a float here too); the stored spec reads
+    back as the one submitted."""
+    body = with_(
+        ("training.lr", {"low": 1, "high": 3, "log": True}),  # JSON integers
+        ("training.warmup_frac", [0, 0.1]),
+        ("tune", {"depth_lr_mult": [0.1, 1, 10], "weight_decay": [0, 0.1]}),
+        ("seeds", 2),
+    )
+    r = client.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    job = r.json()
+    assert JobSpec.model_validate(job["spec"]) == parse_spec(body)
+    read = client.get(f"/v1/jobs/{job['id']}").json()
+    spec = JobSpec.model_validate(read["spec"])
+    assert spec.training.lr == FloatRange(low=1.0, high=3.0, log=True)
+    assert spec.tune is not None and spec.tune.axes() == {
+        "depth_lr_mult": [0.1, 1.0, 10.0],
+        "weight_decay": [0.0, 0.1],
+    }
+    assert runs_per_trial(spec) == 2 * 6
