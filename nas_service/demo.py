@@ -1,6 +1,7 @@
 """The README's main job, end to end on embedded defaults: start the service (SQLite file,
-local Ray, built-in corpus), submit `examples/quick.yaml`, follow it, print the Pareto front
-and the d_model/L optimum per variant, and write the plots to `out/`.
+local Ray, built-in corpus), submit `examples/quick.yaml`, follow it, print the Pareto front,
+the d_model/L optimum per variant and the paired comparison of the variants against the
+standard residual, and write the plots to `out/`.
 
     python -m nas_service.demo [--spec examples/quick.yaml] [--out out]
 """
@@ -99,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         )
         print()
         cli(["optimum", job["id"], "--url", url, "--plot", str(out / "optimum.png")])
+        variants = spec.get("space", {}).get("variants", ["baseline"])
+        if len(variants) > 1 and "baseline" in variants:
+            print()
+            compare = ["compare", job["id"], "--url", url, "--plot", str(out / "compare.png")]
+            cli(compare)
         return 0
     finally:
         server.terminate()

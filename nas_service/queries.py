@@ -18,8 +18,9 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
-from nas_service import analysis
+from nas_service import analysis, profiles
 from nas_service.api.schemas import (
+    CompareRead,
     Compute,
     JobList,
     JobRead,
@@ -28,6 +29,7 @@ from nas_service.api.schemas import (
     ParetoRead,
     Progress,
     ScalingRead,
+    SensitivityRead,
     TrialList,
     TrialRead,
 )
@@ -41,7 +43,7 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
-from nas_service.spec import JobSpec
+from nas_service.spec import CandidateSpace, JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -74,9 +76,20 @@ def job_results(cache: ResultsCache, job: Job) -> JobResults:
     return cache.get(job.study_name, list(spec["objectives"]), single, job_id=job.id)
 
 
+def runs_per_trial(spec: dict[str, Any]) -> int:
+    """The training runs of one trial of a stored spec: seeds × the per-shape settings
+    (the product of the `tune` lists)."""
+    runs = int(spec.get("seeds", 1))
+    for values in (spec.get("tune") or {}).values():
+        if values:
+            runs *= len(values)
+    return runs
+
+
 def summarise(job: Job, results: JobResults) -> JobRead:
-    """The job as the API shows it: its row, its progress by outcome, the compute spent of
-    its budget, and an ETA (the mean trained trial's time × the trials left ÷ concurrency)."""
+    """The job as the API shows it: its row, its progress by outcome and by training run
+    (settings × seeds, counted as each run finishes), the compute spent of its budget, and
+    an ETA: the mean time of a finished run × the runs left ÷ the job's concurrency."""
     rows = [r for r in results.rows if not r.lost]
     counted = results.counted()
     outcome = [r.outcome for r in counted]
@@ -84,15 +97,23 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     budget = spec["budget"]
     kind = "flops" if budget.get("flops") is not None else "tokens"
     values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
-    per_trial = sum(values) / len(values) * spec.get("seeds", 1)
+    per_run = runs_per_trial(spec)
+    per_trial = sum(values) / len(values) * per_run
     key = "flops_spent" if kind == "flops" else "tokens_seen"
     spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
     total = per_trial * job.n_trials
-    trained = [r.duration_s for r in counted if r.state == TrialStatus.COMPLETE and r.duration_s]
-    remaining = job.n_trials - len(counted)
+    running = [r for r in rows if r.state == TrialStatus.RUNNING]
+    runs_total = per_run * job.n_trials
+    runs_done = min(runs_total, per_run * len(counted) + sum(len(r.train) for r in running))
+    run_times = [
+        r.duration_s / len(r.train)
+        for r in counted
+        if r.state == TrialStatus.COMPLETE and r.duration_s and r.train
+    ]
     eta = None
-    if job.status.active and trained:
-        eta = sum(trained) / len(trained) * remaining / max(1, spec.get("max_concurrent", 1))
+    if job.status.active and run_times:
+        concurrency = max(1, spec.get("max_concurrent", 1))
+        eta = sum(run_times) / len(run_times) * (runs_total - runs_done) / concurrency
     return JobRead(
         id=job.id,
         name=job.name,
@@ -113,6 +134,8 @@ def summarise(job: Job, results: JobResults) -> JobRead:
             + outcome.count(TrialOutcome.OVER_CONSTRAINT),
             failed=outcome.count(TrialOutcome.FAILED) + outcome.count(TrialOutcome.CANCELLED),
             diverged=outcome.count(TrialOutcome.DIVERGED),
+            runs_done=runs_done,
+            runs_total=runs_total,
         ),
         compute=Compute(
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
@@ -201,12 +224,14 @@ def pareto(
     job_id: str,
     metrics: list[str],
     variant: Variant | None = None,
+    profile: bool = True,
 ) -> ParetoRead:
-    """The non-dominated trials over `metrics` (each minimised), memoised per study state."""
+    """The non-dominated trials over `metrics` (each minimised), memoised per study state;
+    with `profile`, among each architecture's best-setting trial (else every trial)."""
     results = job_results(cache, job_row(session, cache, job_id))
 
     def answer() -> ParetoRead:
-        front, candidates = pareto_rows(results, metrics, variant)
+        front, candidates = pareto_rows(results, metrics, variant, profile=profile)
         front.sort(key=lambda r: [r.metrics[m] for m in metrics])
         return ParetoRead(
             metrics=metrics,
@@ -215,14 +240,22 @@ def pareto(
             front=[_trial(r) for r in front],
         )
 
-    return results.memoised(("pareto", tuple(metrics), variant), answer)
+    return results.memoised(("pareto", tuple(metrics), variant, profile), answer)
 
 
-def optimum(session: Session, cache: ResultsCache, job_id: str, bootstrap: int) -> OptimumRead:
+def optimum(
+    session: Session, cache: ResultsCache, job_id: str, bootstrap: int, profile: bool = True
+) -> OptimumRead:
+    """The loss-optimal d_model/L_b per variant: on the profile (each architecture at its
+    best training setting) unless `profile` is off, with the fixed-setting view beside it."""
     results = job_results(cache, job_row(session, cache, job_id))
-    fits = results.memoised(("optimum", bootstrap), lambda: optimum_by_variant(results, bootstrap))
+    fits = results.memoised(
+        ("optimum", bootstrap, profile),
+        lambda: optimum_by_variant(results, bootstrap, profile=profile),
+    )
     return OptimumRead(
         job_id=job_id,
+        profile=profile,
         fits=[
             OptimumFitRead.model_validate({k: v for k, v in f.items() if not k.startswith("_")})
             for f in fits
@@ -243,6 +276,59 @@ def scaling(
     )
 
 
+def residual_labels(job: Job) -> list[str]:
+    """The job's residual variants as the comparisons name them (`block_attnres/S=4`)."""
+    try:
+        spec = JobSpec.model_validate(job.spec)
+    except ValidationError:
+        return []
+    return [str(v) for v in CandidateSpace(spec).study_axes()[0].values()]
+
+
+def _comparison(results: JobResults, reference: str, level: float) -> dict[str, Any]:
+    """The paired comparison against `reference` (a variant of the job: the API checks it
+    against `residual_labels`), memoised per study state."""
+
+    def answer() -> dict[str, Any]:
+        try:
+            return profiles.compare(results.counted(), reference, level)
+        except ValueError as exc:
+            raise NothingYet("reference", str(exc)) from None
+
+    out: dict[str, Any] = results.memoised(("compare", reference, level), answer)
+    return out
+
+
+def compare(
+    session: Session, cache: ResultsCache, job_id: str, reference: str, level: float = 0.95
+) -> CompareRead:
+    """Paired comparisons of every variant against `reference`, shape by shape and seed by
+    seed, each at its best training setting; the difference against depth and the crossover."""
+    job = job_row(session, cache, job_id)
+    out = _comparison(job_results(cache, job), reference, level)
+    return CompareRead.model_validate({"job_id": job_id} | out)
+
+
+def sensitivity(session: Session, cache: ResultsCache, job_id: str) -> SensitivityRead:
+    """Loss against each training axis per shape, the best lr per shape, edge flags."""
+    results = job_results(cache, job_row(session, cache, job_id))
+    out = results.memoised(("sensitivity",), lambda: profiles.sensitivity(results.counted()))
+    return SensitivityRead.model_validate({"job_id": job_id} | out)
+
+
+def compare_png(
+    session: Session, cache: ResultsCache, job_id: str, reference: str, level: float = 0.95
+) -> bytes:
+    """The paired difference against depth per variant, with its intervals, as a PNG."""
+    job = job_row(session, cache, job_id)
+    out = _comparison(job_results(cache, job), reference, level)
+    if not out["pairs"]:
+        raise NothingYet(
+            "reference", f"no shape has been trained with both {reference} and another variant"
+        )
+    return _png(lambda path: analysis.plot_compare(out, path))
+
+
 def _png(draw: Callable[[str], Any]) -> bytes:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "plot.png"
@@ -256,11 +342,12 @@ def pareto_png(
     job_id: str,
     metrics: list[str],
     variant: Variant | None = None,
+    profile: bool = True,
 ) -> bytes:
-    """The front over the first two `metrics` among every candidate, as a PNG."""
+    """The front over the first two `metrics` among the candidates, as a PNG."""
     names = metrics[:2]
     front, candidates = pareto_rows(
-        job_results(cache, job_row(session, cache, job_id)), names, variant
+        job_results(cache, job_row(session, cache, job_id)), names, variant, profile=profile
     )
     if not candidates:
         raise NothingYet("metrics", "no trial has these metrics yet")
@@ -278,9 +365,10 @@ def pareto_png(
     )
 
 
-def optimum_png(session: Session, cache: ResultsCache, job_id: str) -> bytes:
+def optimum_png(session: Session, cache: ResultsCache, job_id: str, profile: bool = True) -> bytes:
     """Loss against d_model/L_b per variant with its fitted optimum, as a PNG."""
-    fits = optimum_by_variant(job_results(cache, job_row(session, cache, job_id)), 100)
+    results = job_results(cache, job_row(session, cache, job_id))
+    fits = optimum_by_variant(results, 100, profile=profile)
     if not fits:
         raise NothingYet("job_id", "no trained trial yet")
     several = len({f["budget"] for f in fits}) > 1

@@ -1,4 +1,5 @@
-"""Pareto fronts over any recorded metrics, the d_model/L optimum, scaling fits, and plots."""
+"""Pareto fronts over any recorded metrics, the d_model/L optimum, scaling fits, paired
+comparisons between variants, sensitivity to the training axes, and plots."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS
 from nas_service.api.routing import SECURED, ApiRoute
-from nas_service.api.schemas import OptimumRead, ParetoRead, ScalingRead
+from nas_service.api.schemas import (
+    CompareRead,
+    OptimumRead,
+    ParetoRead,
+    ScalingRead,
+    SensitivityRead,
+)
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)
@@ -49,6 +56,38 @@ def _metrics_pattern() -> str:
 METRICS_PATTERN = _metrics_pattern()
 
 
+#: Each architecture at its best training setting (the default), or every trial (false).
+ProfileQuery = Annotated[
+    bool,
+    Query(description="true: each architecture at its best training setting; false: every trial"),
+]
+#: The variant a comparison is made against, as the job names it (`block_attnres/S=4`).
+ReferenceQuery = Annotated[
+    str,
+    Query(
+        min_length=1,
+        max_length=100,
+        pattern=r"^[a-z_]+(/[A-Za-z]+=[0-9]+)*$",
+        description="a residual variant of the job, e.g. baseline or block_attnres/S=4",
+    ),
+]
+LevelQuery = Annotated[
+    float, Query(ge=0.5, le=0.999, allow_inf_nan=False, description="the interval's level")
+]
+
+
+def _reference(job_id: str, session: SessionDep, cache: ResultsDep, reference: str) -> str:
+    """`reference` checked against the job's variants: a 422 naming it otherwise."""
+    known = queries.residual_labels(queries.job_row(session, cache, job_id))
+    if known and reference not in known:
+        raise ApiError(
+            422,
+            f"{reference!r} is not a variant of this job; expected one of {', '.join(known)}",
+            "reference",
+        )
+    return reference
+
+
 MetricsQuery = Annotated[
     str,
     Query(
@@ -65,8 +104,9 @@ def pareto(
     cache: ResultsDep,
     metrics: MetricsQuery,
     variant: Variant | None = None,
+    profile: ProfileQuery = True,
 ) -> ParetoRead:
-    return queries.pareto(session, cache, job_id, parse_metrics(metrics), variant)
+    return queries.pareto(session, cache, job_id, parse_metrics(metrics), variant, profile)
 
 
 @router.get("/{job_id}/optimum", response_model=OptimumRead, responses=JOB_ERRORS)
@@ -75,8 +115,33 @@ def optimum(
     session: SessionDep,
     cache: ResultsDep,
     bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
+    profile: ProfileQuery = True,
 ) -> OptimumRead:
-    return queries.optimum(session, cache, job_id, bootstrap)
+    return queries.optimum(session, cache, job_id, bootstrap, profile)
+
+
+@router.get("/{job_id}/compare", response_model=CompareRead, responses=JOB_ERRORS)
+def compare(
+    job_id: str,
+    session: SessionDep,
+    cache: ResultsDep,
+    reference: ReferenceQuery = "baseline",
+    level: LevelQuery = 0.95,
+) -> CompareRead:
+    """Every variant against `reference`, shape by shape (same n_layers, d_model, heads,
+    budget), each at its best training setting: the per-seed paired differences, their mean,
+    a Student-t interval and a verdict; across shapes, the difference against depth and the
+    smallest depth from which the variant is reliably better (the crossover)."""
+    _reference(job_id, session, cache, reference)
+    return queries.compare(session, cache, job_id, reference, level)
+
+
+@router.get("/{job_id}/sensitivity", response_model=SensitivityRead, responses=JOB_ERRORS)
+def sensitivity(job_id: str, session: SessionDep, cache: ResultsDep) -> SensitivityRead:
+    """Per variant, the loss against each training axis for every shape, the best learning
+    rate as a function of d_model and depth, and a flag where a shape's best setting lies at
+    the edge of the values tried ("widen lr")."""
+    return queries.sensitivity(session, cache, job_id)
 
 
 @router.get("/{job_id}/scaling", response_model=ScalingRead, responses=JOB_ERRORS)
@@ -97,11 +162,27 @@ def pareto_plot(
     cache: ResultsDep,
     metrics: MetricsQuery,
     variant: Variant | None = None,
+    profile: ProfileQuery = True,
 ) -> Response:
-    png = queries.pareto_png(session, cache, job_id, parse_metrics(metrics), variant)
+    png = queries.pareto_png(session, cache, job_id, parse_metrics(metrics), variant, profile)
     return Response(png, media_type="image/png")
 
 
 @router.get("/{job_id}/plots/optimum.png", response_class=Response, responses=PNG)
-def optimum_plot(job_id: str, session: SessionDep, cache: ResultsDep) -> Response:
-    return Response(queries.optimum_png(session, cache, job_id), media_type="image/png")
+def optimum_plot(
+    job_id: str, session: SessionDep, cache: ResultsDep, profile: ProfileQuery = True
+) -> Response:
+    return Response(queries.optimum_png(session, cache, job_id, profile), media_type="image/png")
+
+
+@router.get("/{job_id}/plots/compare.png", response_class=Response, responses=PNG)
+def compare_plot(
+    job_id: str,
+    session: SessionDep,
+    cache: ResultsDep,
+    reference: ReferenceQuery = "baseline",
+    level: LevelQuery = 0.95,
+) -> Response:
+    _reference(job_id, session, cache, reference)
+    png = queries.compare_png(session, cache, job_id, reference, level)
+    return Response(png, media_type="image/png")

@@ -44,6 +44,10 @@ class Progress(BaseModel):
     infeasible: int
     failed: int
     diverged: int
+    #: training runs (settings × seeds of each trial): finished so far, and of the whole job;
+    #: a trial's runs count as they finish, so a job with `seeds: 3` moves after its first
+    runs_done: int = 0
+    runs_total: int = 0
 
 
 class Compute(BaseModel):
@@ -103,6 +107,17 @@ class TrainRunRead(BaseModel):
     memory_kind: str | None = None  # cuda_max_allocated | cpu_peak_rss
     device: str | None = None
     corpus: dict[str, Scalar] | None = None  # the corpus's identity (name, checksum, sizes)
+    seed: int | None = None  # the run's seed: seed k of every trial sees the same batches
+    setting: dict[str, float] | None = None  # lr, depth_lr_mult, warmup_frac, weight_decay
+
+
+class SettingRead(BaseModel):
+    """One training setting a trial was trained at: its final validation loss per seed
+    (null where not finite or diverged) and their mean (null when any run diverged)."""
+
+    setting: dict[str, float]
+    losses: list[float | None]
+    mean: float | None
 
 
 class TrialRead(BaseModel):
@@ -117,10 +132,16 @@ class TrialRead(BaseModel):
     arch: dict[str, Scalar]  # the `ArchConfig`'s fields; empty when none was built
     metrics: dict[str, float | None]
     values: list[float | None] | None
-    train: list[TrainRunRead]
+    train: list[TrainRunRead]  # every run (setting × seed), in the order run
     duration_s: float | None
     budget: float | None
     curve: list[list[float | None]] | None = None
+    #: the chosen training setting (a per-shape grid: the best by mean loss over seeds)
+    setting: dict[str, float] = Field(default_factory=dict)
+    #: every setting tried, with its per-seed losses
+    settings: list[SettingRead] = Field(default_factory=list)
+    #: the chosen setting's final validation loss per seed (index = seed)
+    seeds: list[float | None] = Field(default_factory=list)
 
 
 class TrialList(BaseModel):
@@ -147,6 +168,16 @@ class BestObservedRead(BaseModel):
     ratio: float
 
 
+class FixedViewRead(BaseModel):
+    """The optimum fitted at one training setting shared by every shape."""
+
+    setting: dict[str, float]
+    optimum_ratio: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    verdict: str
+
+
 class OptimumFitRead(BaseModel):
     """The fitted d_model/L_b optimum of one variant (at one budget): loss against
     x = ln(d_model/L_b) fitted by a quadratic, its vertex and a bootstrap interval."""
@@ -164,10 +195,18 @@ class OptimumFitRead(BaseModel):
     best_observed: BestObservedRead | None = None
     message: str = ""
     budget: float | None = None
+    #: "profile": one point per architecture, its best training setting; "raw": every trial
+    view: str = "profile"
+    #: the same fit with one training setting shared by every shape (the best single one),
+    #: where the job tried several; `moved` says whether the optimum moves between the two
+    fixed: FixedViewRead | None = None
+    moved: bool | None = None
+    move_message: str = ""
 
 
 class OptimumRead(BaseModel):
     job_id: str
+    profile: bool
     fits: list[OptimumFitRead]
 
 
@@ -188,6 +227,96 @@ class ScalingRead(BaseModel):
     reference: str | None = None
     loss: float | None = None
     multipliers: dict[str, float | None] | None = None
+
+
+class PairRead(BaseModel):
+    """One matched shape (same n_layers, d_model, heads, budget): a variant against the
+    reference, each at its best training setting, seed by seed."""
+
+    variant: str
+    n_layers: int
+    sublayers: int
+    d_model: int
+    n_heads: int
+    budget: float | None
+    seeds: list[int]
+    differences: list[float]  # variant − reference, per paired seed (negative: better)
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str  # better | worse | no_difference | undetermined
+    trial: int
+    reference_trial: int
+    setting: dict[str, float]
+    reference_setting: dict[str, float]
+
+
+class DepthPointRead(BaseModel):
+    n_layers: int
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str
+
+
+class CrossoverRead(BaseModel):
+    """The paired difference of one variant against depth, and the smallest depth from which
+    it is reliably better at every depth explored (null: none found)."""
+
+    variant: str
+    crossover_depth: int | None
+    crossover_sublayers: int | None
+    by_depth: list[DepthPointRead]
+    message: str
+
+
+class CompareRead(BaseModel):
+    job_id: str
+    reference: str
+    level: float
+    method: str  # how the interval is computed
+    pairs: list[PairRead]
+    crossover: list[CrossoverRead]
+    unmatched: list[dict[str, Scalar]]  # shapes of a variant the reference lacks (or the reverse)
+
+
+class CurveRead(BaseModel):
+    """Loss against one training axis for one shape (best over the other axes)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    budget: float | None
+    points: list[tuple[float, float | None]]  # (value, loss)
+    best: float | None
+    at_edge: str | None  # low | high: the best is the smallest / largest value tried
+
+
+class AxisSensitivityRead(BaseModel):
+    axis: str
+    values: list[float]
+    curves: list[CurveRead]
+
+
+class BestLrRead(BaseModel):
+    n_layers: int
+    d_model: int
+    n_heads: int
+    budget: float | None
+    best_lr: float
+
+
+class VariantSensitivityRead(BaseModel):
+    variant: str
+    axes: list[AxisSensitivityRead]
+    best_lr: list[BestLrRead]
+    best_lr_fit: dict[str, Scalar] | None  # ln lr* = c + a ln d_model + b ln n_layers
+    flags: list[str]  # e.g. "widen lr: …"
+
+
+class SensitivityRead(BaseModel):
+    job_id: str
+    variants: list[VariantSensitivityRead]
 
 
 # -- the cost request --------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """The `depthscope` commands that talk to the service over HTTP: `submit [--wait]`,
-`status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`. Every call goes through
+`status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`, `compare [--plot]`,
+`sensitivity`. Every call goes through
 the package's one transport, `nas_service.cli._request` (looked up when called)."""
 
 from __future__ import annotations
@@ -65,8 +66,24 @@ def add_parsers(sub: Any) -> None:
     p = sub.add_parser("optimum", help="the loss-optimal d_model/L per variant")
     p.add_argument("job")
     p.add_argument("--plot", help="write a PNG of loss versus d_model/L here")
+    p.add_argument(
+        "--raw", action="store_true", help="fit every trial, not each shape's best setting"
+    )
     _add_client_args(p)
     p.set_defaults(func=_client_command(_cmd_optimum))
+
+    p = sub.add_parser("compare", help="paired comparison of each variant against a reference")
+    p.add_argument("job")
+    p.add_argument("--reference", default="baseline", help="a variant of the job")
+    p.add_argument("--level", type=float, default=0.95, help="the interval's level")
+    p.add_argument("--plot", help="write a PNG of the difference against depth here")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_compare))
+
+    p = sub.add_parser("sensitivity", help="loss against each training axis, per shape")
+    p.add_argument("job")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_sensitivity))
 
 
 def _load_spec(path: str) -> dict[str, Any]:
@@ -99,14 +116,19 @@ def _follow(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
     from tqdm import tqdm  # type: ignore[import-untyped]
 
     job = cli._request(args, "GET", f"/v1/jobs/{job_id}")
-    bar = tqdm(total=job["n_trials"], unit="trial", file=sys.stderr)
+    total = job["progress"].get("runs_total") or job["n_trials"]
+    bar = tqdm(total=total, unit="run", file=sys.stderr)
     while True:
         job = cli._request(args, "GET", f"/v1/jobs/{job_id}")
         cli._request(args, "GET", "/v1/health")  # a dead runner shows here (503), not as a hang
         p, c = job["progress"], job["compute"]
-        bar.n = p["counted"]
+        bar.n = p.get("runs_done", p["counted"])  # training runs: each seed and setting counts
         bar.set_postfix(
-            running=p["running"], pruned=p["pruned"], compute=f"{c['fraction']:.0%}", refresh=False
+            trials=f"{p['counted']}/{job['n_trials']}",
+            running=p["running"],
+            pruned=p["pruned"],
+            compute=f"{c['fraction']:.0%}",
+            refresh=False,
         )
         bar.refresh()
         if job["status"] not in ("pending", "running"):
@@ -124,7 +146,8 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(
             f"trials {p['counted']}/{job['n_trials']} (completed {p['completed']}, running "
             f"{p['running']}, pruned {p['pruned']}, infeasible {p['infeasible']}, failed "
-            f"{p['failed']}, diverged {p['diverged']})"
+            f"{p['failed']}, diverged {p['diverged']}); training runs "
+            f"{p.get('runs_done', 0)}/{p.get('runs_total', 0)}"
         )
         print(
             f"compute {c['spent']:.3g} of {c['budget']:.3g} {c['kind']} "
@@ -191,8 +214,13 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
 
 
 def _cmd_optimum(args: argparse.Namespace) -> int:
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/optimum")
-    print("loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% bootstrap):")
+    params = {"profile": "false"} if args.raw else {}
+    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/optimum", params=params)
+    view = "every trial" if args.raw else "each shape at its best training setting"
+    print(
+        "loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% bootstrap; "
+        f"{view}):"
+    )
     for f in out["fits"]:
         name = f["variant"] + (
             f" @ {f['budget']:.3g}" if f.get("budget") and len(out["fits"]) > 1 else ""
@@ -210,9 +238,68 @@ def _cmd_optimum(args: argparse.Namespace) -> int:
         )
         if f["message"]:
             print(f"{'':24} {f['message']}")
+        if f.get("move_message"):
+            print(f"{'':24} {f['move_message']}")
     if args.plot:
-        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/optimum.png")
+        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/optimum.png", params=params)
         with open(args.plot, "wb") as fh:
             fh.write(png)
         print(f"wrote {args.plot}")
+    return 0
+
+
+def _interval(mean: float | None, low: float | None, high: float | None) -> str:
+    if mean is None:
+        return "-"
+    if low is None or high is None:
+        return f"{mean:+.4f}"
+    return f"{mean:+.4f} [{low:+.4f}, {high:+.4f}]"
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    params: dict[str, Any] = {"reference": args.reference, "level": args.level}
+    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/compare", params=params)
+    print(
+        f"paired comparison against {out['reference']} (loss difference, variant − reference; "
+        f"negative is better; {out['level']:.0%} interval: {out['method']}):"
+    )
+    print(f"{'variant':22} {'L_b':>4} {'d':>5} {'seeds':>5}  {'difference':34} verdict")
+    for pair in out["pairs"]:
+        interval = _interval(pair["mean"], pair["ci_low"], pair["ci_high"])
+        print(
+            f"{pair['variant']:22} {pair['n_layers']:>4} {pair['d_model']:>5} "
+            f"{len(pair['seeds']):>5}  {interval:34} {pair['verdict']}"
+        )
+    for cross in out["crossover"]:
+        print(f"{cross['variant']}: {cross['message']}")
+    if out["unmatched"]:
+        print(f"{len(out['unmatched'])} shapes without a match in the other variant")
+    if args.plot:
+        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/compare.png", params=params)
+        with open(args.plot, "wb") as fh:
+            fh.write(png)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _cmd_sensitivity(args: argparse.Namespace) -> int:
+    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/sensitivity")
+    for v in out["variants"]:
+        print(f"{v['variant']}:")
+        for axis in v["axes"]:
+            print(f"  {axis['axis']} over {', '.join(f'{x:g}' for x in axis['values'])}:")
+            for curve in axis["curves"]:
+                points = "  ".join(
+                    f"{x:g}→{y:.4f}" if y is not None else f"{x:g}→-" for x, y in curve["points"]
+                )
+                edge = f"  (best at the {curve['at_edge']} edge)" if curve["at_edge"] else ""
+                best = f"{curve['best']:g}" if curve["best"] is not None else "-"
+                print(
+                    f"    L_b={curve['n_layers']:<3} d={curve['d_model']:<5} best {best:8}"
+                    f" {points}{edge}"
+                )
+        for flag in v["flags"]:
+            print(f"  {flag}")
+    if not out["variants"]:
+        print("no training axis took more than one value in this job")
     return 0

@@ -265,7 +265,16 @@ def test_the_documented_command_lines_parse_and_cost_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     commands = documented_commands()
-    assert {c[0] for c in commands} >= {"cost", "serve", "submit", "status", "pareto", "runner"}
+    assert {c[0] for c in commands} >= {
+        "cost",
+        "serve",
+        "submit",
+        "status",
+        "pareto",
+        "runner",
+        "compare",
+        "sensitivity",
+    }
     for argv in commands:
         if argv[0] == "cost":
             assert cli.main(argv) == 0, capsys.readouterr().err
