@@ -7,6 +7,7 @@ Pure numpy (matplotlib only for the plots, imported when one is drawn).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -242,6 +243,7 @@ def _abs_mass(theta: float, nu: int) -> float:
     return min(1.0, 2 / math.pi * (theta + series))
 
 
+@functools.lru_cache(maxsize=1024)
 def t_quantile(p: float, df: int) -> float:
     """The p-quantile of Student's t with integer `df`: `t_cdf` inverted by bisection on
     θ = arctan(t/√ν) ∈ [0, π/2), where A(t|ν) rises from 0 to 1 (exact to rounding: the

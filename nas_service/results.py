@@ -547,8 +547,10 @@ def optimum_by_variant(
             "_fit": fit,
             "_data": (ratios, losses),
         }
-        if len({p.setting_key for p in profiles.records(rows)}) > 1:
+        tried = profiles.records(rows)
+        if len({p.setting_key for p in tried}) > 1:
             setting, fixed_rows = profiles.fixed_view(rows)
+            varied = {k for k in setting if len({r.setting.get(k) for r in tried}) > 1}
             fixed = fit_optimum(
                 variant, [p.ratio for p in fixed_rows], [p.loss for p in fixed_rows], bootstrap
             )
@@ -561,7 +563,8 @@ def optimum_by_variant(
                 "n_shapes": fixed.n_shapes,
                 "message": fixed.message,
             }
-            answer["moved"], answer["move_message"] = _moved(fit, fixed, setting, profile)
+            shown = {k: v for k, v in setting.items() if k in varied} or setting
+            answer["moved"], answer["move_message"] = _moved(fit, fixed, shown, profile)
         out.append(answer)
     return out
 
