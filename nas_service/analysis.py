@@ -251,6 +251,8 @@ def t_quantile(p: float, df: int) -> float:
     if not 0 < p < 1:
         raise ValueError(f"p must lie in (0, 1), got {p}")
     nu = _dof(df)
+    if p == 0.5:
+        return 0.0
     if p < 0.5:
         return -t_quantile(1 - p, nu)
     target = 2 * p - 1  # A(t|ν) = P(|T| ≤ t)

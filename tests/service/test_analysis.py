@@ -3,6 +3,7 @@ losses, and the scaling fits."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,13 @@ from nas_service.analysis import (
     dominates,
     fit_optimum,
     fit_scaling,
+    paired_interval,
     pareto_front,
+    plot_compare,
     plot_optimum,
     plot_pareto,
+    t_cdf,
+    t_quantile,
 )
 
 
@@ -76,6 +81,100 @@ def test_optimum_recovers_a_known_minimum() -> None:
     assert fit.n_shapes == 6 and fit.n_trials == 24
 
 
+def interval_draws(
+    ratios: np.ndarray, noise: float, draws: int = 200, level: float = 0.9
+) -> tuple[float, float]:
+    """(coverage, median width in ln ratio) of the optimum's interval over `draws` noisy
+    quadratics with their vertex at 32."""
+    hits, widths = [], []
+    for seed in range(draws):
+        fit = fit_optimum("x", ratios, synthetic(32.0, ratios, noise, seed), seed=seed, level=level)
+        assert fit.ci_low is not None and fit.ci_high is not None
+        hits.append(fit.ci_low <= 32.0 <= fit.ci_high)
+        widths.append(math.log(fit.ci_high / fit.ci_low))
+    return float(np.mean(hits)), float(np.median(widths))
+
+
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        np.geomspace(4, 256, 5),  # few shapes, one point each
+        np.geomspace(4, 256, 7),
+        np.repeat(np.geomspace(4, 256, 5), 3),  # three trials per shape (raw view)
+    ],
+    ids=["5 shapes", "7 shapes", "5 shapes x 3"],
+)
+def test_optimum_interval_covers_the_truth_at_about_its_level(ratios: np.ndarray) -> None:
+    """Over 200 draws (seeded: the same every run) the 90% interval holds the true vertex in
+    83–97% of them (about 89% over 1,000 draws for each of these designs): neither the
+    under-coverage of the percentile bootstrap over trials it replaced (79% with 5 shapes,
+    80.5% with 5 × 3) nor an interval too wide to say anything."""
+    coverage, _ = interval_draws(ratios, noise=0.01)
+    assert 0.83 <= coverage <= 0.97
+
+
+def test_optimum_interval_narrows_with_shapes_and_seeds() -> None:
+    """Median width over draws: strictly smaller with more shapes over the same range, and
+    with more seeds per shape (each point's noise σ/√seeds)."""
+    by_shapes = [
+        interval_draws(np.geomspace(4, 256, n), 0.01, draws=100)[1] for n in (5, 7, 10, 14)
+    ]
+    assert all(a > b for a, b in itertools.pairwise(by_shapes))
+    ratios = np.geomspace(4, 256, 7)
+    by_seeds = [interval_draws(ratios, 0.01 / math.sqrt(s), draws=100)[1] for s in (1, 2, 4, 8)]
+    assert all(a > b for a, b in itertools.pairwise(by_seeds))
+    assert by_seeds[-1] < 0.5 * by_seeds[0]  # σ/√8 against σ: about 1/2.8 of the width
+
+
+def test_optimum_interval_is_withheld_when_it_cannot_be_bounded() -> None:
+    ratios = np.geomspace(4, 256, 5)
+    exact = fit_optimum("x", ratios[:3], synthetic(32.0, ratios[:3], 0.0))
+    assert exact.ci_low is None and "exactly" in exact.message  # three points: no residual
+    # a curvature of 0.001 under scatter orthogonal to every quadratic (the quartic contrast
+    # 1, −4, 6, −4, 1 on five evenly spaced x): the fit is the true curve, most draws are not
+    x = np.log(ratios)
+    flat = 2.0 + 0.001 * (x - math.log(32)) ** 2 + 0.02 * np.array([1, -4, 6, -4, 1])
+    fit = fit_optimum("x", ratios, flat)
+    assert fit.verdict == "ok" and fit.optimum_ratio == pytest.approx(32.0)
+    assert fit.ci_low is None and fit.ci_high is None and "unbounded" in fit.message
+    sharp = fit_optimum(
+        "x", ratios, 2.0 + 0.05 * (x - math.log(32)) ** 2 + 0.0002 * np.array([1, -4, 6, -4, 1])
+    )
+    assert sharp.ci_low is not None and sharp.ci_high is not None
+    assert sharp.ci_low < 32.0 < sharp.ci_high
+
+
+def test_t_quantiles_match_the_table() -> None:
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 9: 2.262, 29: 2.045, 120: 1.980}
+    for df, value in table.items():
+        assert t_quantile(0.975, df) == pytest.approx(value, abs=5e-4)
+    assert t_quantile(0.95, 1) == pytest.approx(6.314, abs=5e-4)
+    assert t_quantile(0.995, 5) == pytest.approx(4.032, abs=5e-4)
+    assert t_quantile(0.025, 4) == pytest.approx(-2.776, abs=5e-4)
+    assert t_quantile(0.5, 7) == 0.0
+    assert t_quantile(0.975, 100_000) == pytest.approx(1.95998, abs=1e-4)  # the normal's
+    for df in (1, 2, 5, 6, 30):
+        for p in (0.6, 0.9, 0.999):
+            assert t_cdf(t_quantile(p, df), df) == pytest.approx(p, abs=1e-12)
+    assert t_cdf(1.0, 1) == pytest.approx(0.75)  # Cauchy: 1/2 + arctan(1)/π
+    assert t_cdf(-2.0, 3) == pytest.approx(1 - t_cdf(2.0, 3))
+    with pytest.raises(ValueError, match="whole number"):
+        t_quantile(0.9, 0)
+    with pytest.raises(ValueError, match="whole number"):
+        t_cdf(1.0, 0)
+
+
+def test_paired_interval() -> None:
+    mean, low, high = paired_interval([0.1, 0.3, 0.2, 0.4], 0.95)
+    half = 3.182446 * float(np.std([0.1, 0.3, 0.2, 0.4], ddof=1)) / 2
+    assert mean == pytest.approx(0.25)
+    assert (low, high) == pytest.approx((0.25 - half, 0.25 + half), rel=1e-6)
+    narrower = paired_interval([0.1, 0.3, 0.2, 0.4], 0.5)
+    assert low < narrower[1] < narrower[2] < high
+    with pytest.raises(ValueError, match="at least two"):
+        paired_interval([0.1], 0.95)
+
+
 def test_optimum_outside_the_space_is_at_the_edge() -> None:
     ratios = np.repeat([15.0, 20.0, 30.0, 40.0], 3)
     fit = fit_optimum("baseline", ratios, synthetic(120.0, ratios, 0.0005))
@@ -118,7 +217,25 @@ def test_plots_are_written(tmp_path: Path) -> None:
     plot_optimum(
         {"a": (ratios, synthetic(30.0, ratios, 0.001))}, {"a": fit}, str(tmp_path / "o.png")
     )
-    for name in ("p.png", "o.png"):
+    answer = {
+        "reference": "baseline",
+        "level": 0.95,
+        "crossover": [
+            {
+                "variant": "block_attnres/S=4",
+                "budget": 1e15,
+                "crossover_depth": 4,
+                "crossover_sublayers": 8,
+                "by_depth": [
+                    {"n_layers": 2, "mean": 0.02, "ci_low": 0.01, "ci_high": 0.03},
+                    {"n_layers": 4, "mean": -0.02, "ci_low": -0.03, "ci_high": -0.01},
+                    {"n_layers": 8, "mean": -0.01, "ci_low": None, "ci_high": None},
+                ],
+            }
+        ],
+    }
+    plot_compare(answer, str(tmp_path / "c.png"))
+    for name in ("p.png", "o.png", "c.png"):
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
