@@ -43,6 +43,7 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
+from nas_service.search import runs_per_trial
 from nas_service.spec import CandidateSpace, JobSpec
 
 log = logging.getLogger(__name__)
@@ -76,16 +77,6 @@ def job_results(cache: ResultsCache, job: Job) -> JobResults:
     return cache.get(job.study_name, list(spec["objectives"]), single, job_id=job.id)
 
 
-def runs_per_trial(spec: dict[str, Any]) -> int:
-    """The training runs of one trial of a stored spec: seeds × the per-shape settings
-    (the product of the `tune` lists)."""
-    runs = int(spec.get("seeds", 1))
-    for values in (spec.get("tune") or {}).values():
-        if values:
-            runs *= len(values)
-    return runs
-
-
 def summarise(job: Job, results: JobResults) -> JobRead:
     """The job as the API shows it: its row, its progress by outcome and by training run
     (settings × seeds, counted as each run finishes), the compute spent of its budget, and
@@ -97,7 +88,11 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     budget = spec["budget"]
     kind = "flops" if budget.get("flops") is not None else "tokens"
     values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
-    per_run = runs_per_trial(spec)
+    stored = _stored_spec(job)
+    try:
+        per_run = runs_per_trial(stored)
+    except (AttributeError, TypeError):  # a stored spec this version no longer reads
+        per_run = int(spec.get("seeds", 1))
     per_trial = sum(values) / len(values) * per_run
     key = "flops_spent" if kind == "flops" else "tokens_seen"
     spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
@@ -141,7 +136,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
         ),
         eta_s=eta,
-        spec=_stored_spec(job),
+        spec=stored,
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import optuna
 
 from cost_model import ArchConfig, Parallelism, Workload, get_hardware, price
+from cost_model.residuals import DEPTH_MIXED
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
 from nas_service.spec import CandidateSpace, JobSpec, Training, build_candidate
 from workers.contract import EvalPoint, TrainResult, TrainSpec
@@ -127,11 +128,15 @@ def tune_settings(spec: JobSpec, params: dict[str, Any]) -> list[dict[str, float
     """The settings a trial trains at: `[training_setting(spec, params)]` without `tune`;
     with it, one per element of the product of the `tune` lists (`itertools.product` over
     the listed axes in `TRAINING_AXES` order, the last axis varying fastest), the other axes
-    at their `training_setting` value."""
+    at their `training_setting` value. A variant without depth-mixing parameters
+    (`cost_model.residuals.DEPTH_MIXED`) is trained once per the other axes' values: its
+    `depth_lr_mult` multiplies nothing, so it stays at its `training_setting` value."""
     base = training_setting(spec, params)
     if spec.tune is None:
         return [base]
     lists = spec.tune.axes()
+    if CandidateSpace.from_study(params)["variant"] not in DEPTH_MIXED:
+        lists.pop("depth_lr_mult", None)
     return [
         base | dict(zip(lists, combo, strict=True))
         for combo in itertools.product(*(map(float, v) for v in lists.values()))
@@ -139,7 +144,8 @@ def tune_settings(spec: JobSpec, params: dict[str, Any]) -> list[dict[str, float
 
 
 def runs_per_trial(spec: JobSpec) -> int:
-    """Training runs of one trained trial: seeds × the number of `tune` settings."""
+    """Training runs of one trained trial: seeds × the number of `tune` settings (at most:
+    a variant without depth-mixing parameters trains one `depth_lr_mult`)."""
     return spec.seeds * spec.tune_size
 
 

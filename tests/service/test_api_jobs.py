@@ -140,13 +140,18 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
     url = str(client.app.state.settings.database_url)  # type: ignore[attr-defined]
     study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
     synthetic = _synthetic().synthetic_trials  # type: ignore[attr-defined]
-    study.add_trials(
-        synthetic(parse_spec(SPEC | {"objectives": ["val_loss", "train_memory_bytes"]}), 300)
-    )
-    front = client.get(
-        f"/v1/jobs/{job['id']}/pareto", params={"metrics": "val_loss,train_memory_bytes"}
-    ).json()
-    assert front["n_candidates"] == 300 and front["front"]
+    trials = synthetic(parse_spec(SPEC | {"objectives": ["val_loss", "train_memory_bytes"]}), 300)
+    study.add_trials(trials)
+    metrics = {"metrics": "val_loss,train_memory_bytes"}
+    raw = client.get(f"/v1/jobs/{job['id']}/pareto", params=metrics | {"profile": "false"})
+    assert raw.json()["n_candidates"] == 300 and raw.json()["front"]
+    # by default one candidate per architecture: its best trial (the synthetic trials repeat)
+    archs = {json.dumps(t.user_attrs["arch"], sort_keys=True) for t in trials}
+    assert 1 < len(archs) < 300
+    front = client.get(f"/v1/jobs/{job['id']}/pareto", params=metrics).json()
+    assert front["n_candidates"] == len(archs) and front["front"]
+    best = min(t.values[0] for t in trials)
+    assert min(t["metrics"]["val_loss"] for t in front["front"]) == pytest.approx(best)
     fits = {f["variant"]: f for f in client.get(f"/v1/jobs/{job['id']}/optimum").json()["fits"]}
     assert fits["baseline"]["verdict"] == "ok"
     assert fits["baseline"]["optimum_ratio"] == pytest.approx(

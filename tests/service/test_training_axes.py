@@ -420,6 +420,15 @@ def test_tune_settings_are_the_product_in_axis_order() -> None:
     assert tune_settings(parse_spec(GOOD), ARCH) == [training_setting(parse_spec(GOOD), ARCH)]
 
 
+def test_a_variant_without_depth_mixing_trains_one_depth_lr_mult() -> None:
+    spec = spec_with(("tune", {"lr": [1e-3, 1e-2], "depth_lr_mult": [0.1, 1.0, 10.0]}))
+    mixed = tune_settings(spec, ARCH)
+    assert len(mixed) == 6 == runs_per_trial(spec) // spec.seeds
+    assert {s["depth_lr_mult"] for s in mixed} == {0.1, 1.0, 10.0}
+    plain = tune_settings(spec, ARCH | {"residual": "baseline"})
+    assert [(s["lr"], s["depth_lr_mult"]) for s in plain] == [(1e-3, 1.0), (1e-2, 1.0)]
+
+
 def test_the_train_spec_carries_the_trial_s_setting() -> None:
     spec = spec_with(*JOINT, ("training.depth_lr_mult", 4.0), ("tune", None))
     params = ARCH | {"lr": 0.02, "warmup_frac": 0.1, "weight_decay": 0.15}
