@@ -511,7 +511,8 @@ def optimum_by_variant(
     `profile` off, on every trained trial (`view`).
 
     Where the variant was trained at more than one setting, `fixed` is the same fit on
-    `profiles.fixed_view` (every shape at the one best shared setting), and `moved` says
+    `profiles.fixed_view` of the variant's trials at that budget (every shape at the one
+    setting that is best for the variant as a whole, as if the job had fixed it), and `moved` says
     whether the optimum moves between the two: the fit's optimum lies outside the fixed
     view's interval (or, without one, the fixed optimum outside the fit's), or the verdicts
     differ; `move_message` says which way and by what factor."""
