@@ -56,15 +56,19 @@ def build_candidate(spec: JobSpec, params: dict[str, Any]) -> Candidate:
         fields["mhc_streams"] = space.arch.mhc_streams
     try:
         if space.params_target is not None:
-            template = ArchConfig(**(fields | {"d_model": space.head_dim * 2, "n_heads": 2}))
-            arch = width_for_params(template, n_layers, space.params_target.params, space.head_dim)
-            error = (
-                abs(_total_params(arch) - space.params_target.params) / space.params_target.params
-            )
-            if error > space.params_target.tolerance:
+            target = space.params_target
+            # the width of the Transformer alone (one shape per depth for every variant), or
+            # of this variant's own total (`per_variant`)
+            own = fields if target.per_variant else _without_depth_mixing(fields)
+            template = ArchConfig(**(own | {"d_model": space.head_dim * 2, "n_heads": 2}))
+            arch = width_for_params(template, n_layers, target.params, space.head_dim)
+            error = abs(_total_params(arch) - target.params) / target.params
+            if error > target.tolerance:
                 return Candidate(
                     params, None, f"params_target: nearest width misses by {error:.0%}"
                 )
+            if not target.per_variant:
+                arch = ArchConfig(**(fields | {"d_model": arch.d_model, "n_heads": arch.n_heads}))
             if "n_heads" in params:
                 arch = arch.replace(n_heads=int(params["n_heads"]))
             return Candidate(params, arch)
@@ -77,6 +81,12 @@ def build_candidate(spec: JobSpec, params: dict[str, Any]) -> Candidate:
         return Candidate(params, ArchConfig(**(fields | {"d_model": d_model, "n_heads": heads})))
     except CostInputError as exc:
         return Candidate(params, None, str(exc))
+
+
+def _without_depth_mixing(fields: dict[str, Any]) -> dict[str, Any]:
+    """The architecture's fields with the standard residual as its wiring (and none of the
+    fields only a depth-mixing variant has)."""
+    return fields | {"variant": "baseline", "block_size": None, "mhc_streams": None}
 
 
 def _total_params(arch: ArchConfig) -> int:

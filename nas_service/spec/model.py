@@ -202,10 +202,17 @@ IntBudget = Annotated[
 
 
 class ParamsTarget(_Strict):
-    """A fixed parameter count: the width follows from the depth (`cost_model.budget`)."""
+    """A fixed parameter count: the width follows from the depth (`cost_model.budget`).
+
+    By default the width is solved once per depth, for the Transformer without depth mixing
+    (the standard residual's count), so that every variant of a depth has the same shape and
+    the paired comparisons match them; a variant's own mixing parameters (a few vectors per
+    sublayer) come on top. `per_variant: true` solves it for each variant's own total, which
+    can give two variants of one depth different widths where the target falls between two."""
 
     params: float = Field(gt=0)
     tolerance: float = Field(default=0.1, gt=0, le=1)
+    per_variant: bool = False
 
 
 class ArchDefaults(_Strict):

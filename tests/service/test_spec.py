@@ -162,6 +162,35 @@ def test_params_target_sets_the_width() -> None:
     assert widths == sorted(widths, reverse=True)  # deeper → narrower at fixed parameters
 
 
+def test_params_target_gives_every_variant_of_a_depth_one_shape() -> None:
+    """At 2e5 parameters and 8 blocks the target falls between d_model 40 and 48: solved per
+    variant, AttnRes's few extra parameters tip it to another width than the baseline's, and
+    the comparison would have no matched shape; solved for the Transformer, all share one."""
+    space = {
+        "n_layers": [2, 4, 8, 16],
+        "params_target": {"params": 2e5, "tolerance": 0.25},
+        "head_dim": 8,
+        "variants": ["baseline", "block_attnres", "full_attnres", "mhc_lite", "denseformer"],
+        "block_sizes": [4],
+    }
+
+    def widths(per_variant: bool) -> dict[int, set[int]]:
+        target = space["params_target"] | {"per_variant": per_variant}  # type: ignore[operator]
+        spec = parse_spec(with_("space", space | {"params_target": target}))
+        out: dict[int, set[int]] = {}
+        for c in enumerate_candidates(spec):
+            assert c.arch is not None, c.reason
+            out.setdefault(c.arch.n_layers, set()).add(c.arch.d_model)
+            if per_variant:
+                assert abs(param_count(c.arch).total - 2e5) / 2e5 <= 0.25
+        return out
+
+    shared = widths(per_variant=False)
+    assert all(len(w) == 1 for w in shared.values()), shared
+    assert [w.pop() for _, w in sorted(shared.items())] == [88, 64, 48, 32]
+    assert {40, 48} <= widths(per_variant=True)[8]
+
+
 def test_aspect_ratio_axis() -> None:
     spec = parse_spec(
         with_("space", {"n_layers": [2, 4], "aspect_ratio": [32.0, 64.0], "head_dim": 16})
