@@ -182,6 +182,58 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
     assert client.get(f"/v1/jobs/{job['id']}/plots/optimum.png").content[:4] == b"\x89PNG"
 
 
+def test_progress_and_eta_count_finished_runs(client: TestClient) -> None:
+    """A job of 3 trials × 2 tune settings × 2 seeds: one trial finished (4 runs) and one
+    running with its first run done show 5 of 12 runs; the ETA is the mean run time × the
+    runs left ÷ the concurrency. The runs of the running trial are what moves the bar."""
+    import datetime as dt
+
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+
+    spec = SPEC | {"n_trials": 3, "seeds": 2, "tune": {"lr": [0.003, 0.01]}, "max_concurrent": 1}
+    job = client.post("/v1/jobs", json=spec).json()
+    assert job["progress"]["runs_total"] == 12 and job["progress"]["runs_done"] == 0
+    url = str(client.app.state.settings.database_url)  # type: ignore[attr-defined]
+    study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
+    run = {"status": "completed", "final_val_loss": 2.0, "tokens_seen": 512}
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    study.add_trial(
+        optuna.trial.FrozenTrial(
+            number=0,
+            state=optuna.trial.TrialState.COMPLETE,
+            value=None,
+            values=[2.0, 1000.0],
+            datetime_start=start,
+            datetime_complete=start + dt.timedelta(seconds=40),  # 4 runs of 10 s
+            params={},
+            distributions={},
+            user_attrs={"outcome": "completed", "train": [run] * 4},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=0,
+        )
+    )
+    running = study.ask()
+    running.set_user_attr("train", [run])
+
+    def progress() -> dict[str, Any]:
+        fresh = client.app.state.settings.results_fresh_s  # type: ignore[attr-defined]
+        time.sleep(fresh + 0.05)
+        return dict(client.get(f"/v1/jobs/{job['id']}").json())
+
+    state = progress()
+    assert state["progress"]["counted"] == 1 and state["progress"]["running"] == 1
+    assert (state["progress"]["runs_done"], state["progress"]["runs_total"]) == (5, 12)
+    assert state["compute"]["spent"] == 5 * 512
+    assert state["eta_s"] == pytest.approx(10.0 * 7)
+    running.set_user_attr("train", [run, run])  # the second run of the running trial
+    study.tell(study.ask(), state=optuna.trial.TrialState.FAIL)  # a change the cache sees
+    state = progress()
+    assert state["progress"]["runs_done"] == 4 + 4 + 2  # a failed trial counts all its runs
+
+
 def test_concurrent_job_limit(tmp_path: Path) -> None:
     app = create_app(
         get_settings(database_url=f"sqlite:///{tmp_path / 'l.db'}", max_concurrent_jobs=1)
