@@ -85,20 +85,11 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         cli(["status", job["id"], "--url", url])
         print()
-        objectives = ",".join(final["objectives"])
-        cli(
-            [
-                "pareto",
-                job["id"],
-                "--metrics",
-                objectives,
-                "--url",
-                url,
-                "--plot",
-                str(out / "pareto.png"),
-            ]
-        )
-        print()
+        if len(final["objectives"]) > 1:
+            objectives = ",".join(final["objectives"])
+            pareto = ["pareto", job["id"], "--metrics", objectives, "--url", url]
+            cli([*pareto, "--plot", str(out / "pareto.png")])
+            print()
         cli(["optimum", job["id"], "--url", url, "--plot", str(out / "optimum.png")])
         variants = spec.get("space", {}).get("variants", ["baseline"])
         if len(variants) > 1 and "baseline" in variants:
