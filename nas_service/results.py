@@ -542,6 +542,7 @@ def optimum_by_variant(
                 "setting": best_setting,
             },
         )
+        fit.message = " ".join(m for m in (fit.message, _one_block_edge(fit, points)) if m)
         answer = fit.as_dict() | {
             "budget": budget,
             "view": "profile" if profile else "raw",
@@ -568,6 +569,24 @@ def optimum_by_variant(
             answer["moved"], answer["move_message"] = _moved(fit, fixed, shown, profile)
         out.append(answer)
     return out
+
+
+def _one_block_edge(fit: OptimumFit, points: list[tuple[TrialRow, float, Any]]) -> str:
+    """Where the fitted minimum lies beyond the widest shape and that shape has one block
+    already, widening the space at this parameter count is impossible: say so, and what
+    would locate the optimum."""
+    if fit.verdict != "at_edge" or fit.optimum_ratio is None or fit.explored is None:
+        return ""
+    widest = max(points, key=lambda p: _ratio(p[0]))[0]
+    if fit.optimum_ratio <= fit.explored[1] or widest.arch.get("n_layers") != 1:
+        return ""
+    return (
+        f"The widest shape explored already has one block (L_b = 1, d_model = "
+        f"{widest.arch['d_model']}): at this parameter count no shape is wider, so the data "
+        "say only that the shallowest shape is best here. Locating the optimum needs a larger "
+        "parameter target (at one block, d_model/L_b grows as the square root of the "
+        "parameters) or a longer budget per candidate."
+    )
 
 
 def _moved(

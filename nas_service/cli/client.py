@@ -205,6 +205,11 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
     )
     for t in out["front"]:
         print(_trial_line(t, out["metrics"]))
+    if len(out["front"]) == 1 and out["n_candidates"] > 1:
+        print(
+            "one trial is at least as good as every other on every metric: in this space "
+            f"nothing trades {out['metrics'][0]} for {', '.join(out['metrics'][1:])}"
+        )
     if args.plot:
         png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/pareto.png", params=params)
         with open(args.plot, "wb") as f:

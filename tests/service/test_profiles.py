@@ -555,3 +555,30 @@ def test_shape_and_architecture_keys() -> None:
     later = make_row(3, arch("block_attnres", 4, 256, block_size=2), [(setting(1e-3), [2.0])], 2e15)
     assert later.arch_key != block.arch_key
     assert old_row(4, {}, 2.0).arch_key != old_row(5, {}, 2.0).arch_key  # no arch: its own
+
+
+def test_an_optimum_beyond_one_block_says_what_would_locate_it() -> None:
+    """Loss rising with depth from one block on: the fit's minimum lies above the widest shape,
+    which cannot be widened at this parameter count; the answer says so instead of only
+    "widen the space". With the minimum inside the range, no such sentence."""
+    shapes = [(104, 1), (72, 2), (64, 3), (56, 4), (48, 5), (40, 8)]
+    top = math.log(104) + 2  # the bowl's minimum, above the widest shape's d_model/L_b
+
+    def loss(d: int, n: int) -> float:
+        return 1.8 + 0.02 * (math.log(d / n) - top) ** 2
+
+    rising = [
+        make_row(i, arch("baseline", n, d), [(setting(3e-3), [loss(d, n)])])
+        for i, (d, n) in enumerate(shapes)
+    ]
+    [fit] = optimum_by_variant(JobResults("s", ["val_loss"], rising), bootstrap=0)
+    assert fit["verdict"] == "at_edge"
+    assert "one block (L_b = 1, d_model = 104)" in fit["message"]
+    assert "larger parameter target" in fit["message"]
+    wide = [(d * 4, n) for d, n in SHAPES]  # the same bowl, its minimum inside the range
+    inside = [
+        make_row(i, arch("baseline", n, d), [(setting(3e-3), [2 + math.log(d / n / 40) ** 2])])
+        for i, (d, n) in enumerate(wide)
+    ]
+    [fit] = optimum_by_variant(JobResults("s", ["val_loss"], inside), bootstrap=0)
+    assert fit["verdict"] == "ok" and "one block" not in fit["message"]
