@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,8 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
-from nas_service.search import runs_per_trial
-from nas_service.spec import CandidateSpace, JobSpec
+from nas_service.search import runs_of
+from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,34 @@ def job_results(cache: ResultsCache, job: Job) -> JobResults:
     return cache.get(job.study_name, list(spec["objectives"]), single, job_id=job.id)
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """A job's training runs (settings × seeds of each trial): in all and finished so far;
+    `per_trial`, the mean runs of a trial still to come (over the job's variants)."""
+
+    total: int
+    done: int
+    per_trial: float
+
+
+def _run_plan(spec: JobSpec, rows: list[TrialRow], counted: list[TrialRow], n: int) -> RunPlan:
+    """Each trial asked for counts the runs of its own variant (a counted trial all of them,
+    a running one those finished); each trial still to come the mean over the variants."""
+    try:
+        labels = [decode_residual(str(v))["variant"] for v in residual_choices(spec)]
+        mean = sum(runs_of(spec, v) for v in labels) / len(labels)
+        planned = {r.trial_id: runs_of(spec, r.variant) if r.variant else round(mean) for r in rows}
+    except (AttributeError, TypeError, ValueError, KeyError):  # a spec this version can't read
+        mean, planned = float(spec.seeds if isinstance(spec.seeds, int) else 1), {}
+    running = [r for r in rows if r.state == TrialStatus.RUNNING]
+    asked = [*counted, *running]
+    done = sum(planned.get(r.trial_id, round(mean)) for r in counted)
+    done += sum(min(len(r.train), planned.get(r.trial_id, len(r.train))) for r in running)
+    total = sum(planned.get(r.trial_id, round(mean)) for r in asked)
+    total += round(max(0, n - len(asked)) * mean)
+    return RunPlan(total=total, done=done, per_trial=mean)
+
+
 def summarise(job: Job, results: JobResults) -> JobRead:
     """The job as the API shows it: its row, its progress by outcome and by training run
     (settings × seeds, counted as each run finishes), the compute spent of its budget, and
@@ -89,17 +118,12 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     kind = "flops" if budget.get("flops") is not None else "tokens"
     values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
     stored = _stored_spec(job)
-    try:
-        per_run = runs_per_trial(stored)
-    except (AttributeError, TypeError):  # a stored spec this version no longer reads
-        per_run = int(spec.get("seeds", 1))
-    per_trial = sum(values) / len(values) * per_run
+    plan = _run_plan(stored, rows, counted, job.n_trials)
+    per_trial = sum(values) / len(values) * plan.per_trial
     key = "flops_spent" if kind == "flops" else "tokens_seen"
     spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
     total = per_trial * job.n_trials
-    running = [r for r in rows if r.state == TrialStatus.RUNNING]
-    runs_total = per_run * job.n_trials
-    runs_done = min(runs_total, per_run * len(counted) + sum(len(r.train) for r in running))
+    runs_total, runs_done = plan.total, plan.done
     run_times = [
         r.duration_s / len(r.train)
         for r in counted
@@ -271,13 +295,20 @@ def scaling(
     )
 
 
+def residual_choices(spec: JobSpec) -> list[str]:
+    """A spec's residual variants as the study and the comparisons name them
+    (`block_attnres/S=4`)."""
+    return [str(v) for v in CandidateSpace(spec).study_axes()[0].values()]
+
+
 def residual_labels(job: Job) -> list[str]:
-    """The job's residual variants as the comparisons name them (`block_attnres/S=4`)."""
+    """The job's residual variants as the comparisons name them (none for a stored spec this
+    version no longer reads)."""
     try:
         spec = JobSpec.model_validate(job.spec)
     except ValidationError:
         return []
-    return [str(v) for v in CandidateSpace(spec).study_axes()[0].values()]
+    return residual_choices(spec)
 
 
 def _comparison(results: JobResults, reference: str, level: float) -> dict[str, Any]:

@@ -134,13 +134,24 @@ def tune_settings(spec: JobSpec, params: dict[str, Any]) -> list[dict[str, float
     base = training_setting(spec, params)
     if spec.tune is None:
         return [base]
-    lists = spec.tune.axes()
-    if CandidateSpace.from_study(params)["variant"] not in DEPTH_MIXED:
-        lists.pop("depth_lr_mult", None)
+    lists = _tune_lists(spec, CandidateSpace.from_study(params)["variant"])
     return [
         base | dict(zip(lists, combo, strict=True))
         for combo in itertools.product(*(map(float, v) for v in lists.values()))
     ]
+
+
+def _tune_lists(spec: JobSpec, variant: str) -> dict[str, list[float]]:
+    """The `tune` lists a variant trains over (none of `depth_lr_mult` without depth mixing)."""
+    lists = spec.tune.axes() if spec.tune is not None else {}
+    if variant not in DEPTH_MIXED:
+        lists.pop("depth_lr_mult", None)
+    return lists
+
+
+def runs_of(spec: JobSpec, variant: str) -> int:
+    """The training runs of one trial of `variant`: seeds × its `tune` settings."""
+    return spec.seeds * math.prod(len(v) for v in _tune_lists(spec, variant).values())
 
 
 def runs_per_trial(spec: JobSpec) -> int:

@@ -234,6 +234,31 @@ def test_progress_and_eta_count_finished_runs(client: TestClient) -> None:
     assert state["progress"]["runs_done"] == 4 + 4 + 2  # a failed trial counts all its runs
 
 
+def test_runs_are_planned_per_variant(client: TestClient) -> None:
+    """With depth_lr_mult in the tune grid the standard residual trains 2 settings and Block
+    AttnRes 6: a job of 4 trials plans 4 × the mean (16) until it knows its trials' variants;
+    a finished baseline trial then counts its own 2."""
+    import optuna
+
+    from nas_service.jobs import optuna_storage
+
+    tune = {"lr": [0.003, 0.01], "depth_lr_mult": [0.1, 1.0, 10.0]}
+    job = client.post("/v1/jobs", json=SPEC | {"n_trials": 4, "tune": tune}).json()
+    assert job["progress"]["runs_total"] == 16 and job["progress"]["runs_done"] == 0
+    url = str(client.app.state.settings.database_url)  # type: ignore[attr-defined]
+    study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
+    study.add_trial(
+        optuna.trial.create_trial(
+            values=[2.0, 1000.0],
+            user_attrs={"outcome": "completed", "arch": {"variant": "baseline"}, "train": []},
+        )
+    )
+    fresh = client.app.state.settings.results_fresh_s  # type: ignore[attr-defined]
+    time.sleep(fresh + 0.05)
+    progress = client.get(f"/v1/jobs/{job['id']}").json()["progress"]
+    assert (progress["runs_done"], progress["runs_total"]) == (2, 2 + 3 * 4)
+
+
 def test_concurrent_job_limit(tmp_path: Path) -> None:
     app = create_app(
         get_settings(database_url=f"sqlite:///{tmp_path / 'l.db'}", max_concurrent_jobs=1)
