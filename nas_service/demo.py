@@ -94,8 +94,14 @@ def main(argv: list[str] | None = None) -> int:
         variants = spec.get("space", {}).get("variants", ["baseline"])
         if len(variants) > 1 and "baseline" in variants:
             print()
-            compare = ["compare", job["id"], "--url", url, "--plot", str(out / "compare.png")]
-            cli(compare)
+            if spec.get("seeds", 1) < 2:
+                print(
+                    "paired comparisons against baseline need at least 2 seeds (this job has "
+                    "1): see examples/crossover.yaml and docs/study.md"
+                )
+            else:
+                compare = ["compare", job["id"], "--url", url, "--plot", str(out / "compare.png")]
+                cli(compare)
         return 0
     finally:
         server.terminate()
