@@ -25,12 +25,11 @@ import numpy as np
 
 from nas_service.analysis import paired_interval
 from nas_service.db import TrialStatus
+from nas_service.spec import TRAINING_AXES
 
 if TYPE_CHECKING:
     from nas_service.results import TrialRow
 
-#: The training axes a setting holds (the contract's), in the order answers list them.
-TRAINING_AXES = ("lr", "depth_lr_mult", "warmup_frac", "weight_decay")
 METHOD = "paired Student t over seeds, n-1 degrees of freedom"
 
 #: A shape as comparisons match it: (n_layers, d_model, n_heads, budget).
