@@ -144,6 +144,12 @@ def _add_train_parser(sub: Any, arch: bool) -> None:
     run.add_argument("--schedule", default="cosine", help="cosine | wsd")
     run.add_argument("--warmup-frac", type=float, default=0.05)
     run.add_argument("--weight-decay", type=float, default=0.1)
+    run.add_argument(
+        "--depth-lr-mult",
+        type=float,
+        default=1.0,
+        help="learning-rate multiplier of the depth-mixing parameters only",
+    )
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--eval-interval", type=int, help="steps between evaluations")
     run.add_argument("--eval-batches", type=int, default=8)
@@ -178,6 +184,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
             schedule=args.schedule,
             warmup_frac=args.warmup_frac,
             weight_decay=args.weight_decay,
+            depth_lr_mult=args.depth_lr_mult,
             seed=args.seed,
             eval_interval=args.eval_interval,
             eval_batches=args.eval_batches,

@@ -322,3 +322,15 @@ def test_side_by_side_the_conditional_fields_go_to_their_variants(
     # one architecture (train): a conditional field for the wrong variant is refused
     assert cli.main(["train", *SHAPE, "--block-size", "2", "--tokens", "10"]) == 2
     assert "block_size: variant 'baseline' has no block size" in capsys.readouterr().err
+
+
+def test_train_takes_the_depth_mixing_learning_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    """`depthscope train --depth-lr-mult` reaches the run (refused with the field when
+    negative) and trains with it."""
+    tiny = ["--n-layers", "1", "--d-model", "16", "--n-heads", "2", "--seq-len", "16"]
+    args = ["train", *tiny, "--variant", "full_attnres", "--tokens", "256", "--batch-size", "4"]
+    assert cli.main([*args, "--depth-lr-mult", "-1"]) == 2
+    assert "depth_lr_mult" in capsys.readouterr().err
+    assert cli.main([*args, "--depth-lr-mult", "0", "--quiet", "--json", "--threads", "1"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["steps"] == 4 and result["status"] == "completed"
