@@ -77,12 +77,13 @@ LevelQuery = Annotated[
 
 
 def _reference(job_id: str, session: SessionDep, cache: ResultsDep, reference: str) -> str:
-    """`reference` checked against the job's variants: a 422 naming it otherwise."""
+    """`reference` checked against the job's variants: otherwise a 404 naming it (a variant
+    the job does not have, as a trial it does not have; the query's form is valid)."""
     known = queries.residual_labels(queries.job_row(session, cache, job_id))
     if known and reference not in known:
         raise ApiError(
-            422,
-            f"{reference!r} is not a variant of this job; expected one of {', '.join(known)}",
+            404,
+            f"this job has no variant {reference!r}; its variants: {', '.join(known)}",
             "reference",
         )
     return reference

@@ -320,3 +320,18 @@ def test_end_to_end_over_http_and_the_cli(server: str, tmp_path: Path) -> None:
     out = cli(server, "cancel", long["id"])
     assert out.returncode == 0 and "cancelled" in out.stdout
     assert cli(server, "cancel", long["id"]).returncode == 1
+
+
+def test_compare_and_sensitivity_before_any_trial(client: TestClient) -> None:
+    """A job with no trial yet: the comparison is a 409 naming the reference (nothing to
+    compare yet), a variant the job does not have a 404 naming it, a bad level a 422, and the
+    sensitivity an empty answer."""
+    job = client.post("/v1/jobs", json=SPEC).json()
+    base = f"/v1/jobs/{job['id']}"
+    assert error(client.get(f"{base}/compare"), 409)["field"] == "reference"
+    assert error(client.get(f"{base}/plots/compare.png"), 409)["field"] == "reference"
+    missing = error(client.get(f"{base}/compare", params={"reference": "mhc_lite"}), 404)
+    assert missing["field"] == "reference" and "block_attnres/S=1" in missing["message"]
+    assert error(client.get(f"{base}/compare", params={"level": 1.5}), 422)["field"] == "level"
+    assert error(client.get(f"{base}/compare", params={"reference": "a b"}), 422)
+    assert client.get(f"{base}/sensitivity").json() == {"job_id": job["id"], "variants": []}

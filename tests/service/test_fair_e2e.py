@@ -133,9 +133,10 @@ def test_compare_sensitivity_and_profile_agree_with_the_trials(server: str, tmp_
     raw = httpx.get(f"{base}/optimum", params={"profile": "false"}, timeout=30).json()
     assert raw["profile"] is False and all(f["view"] == "raw" for f in raw["fits"])
 
-    # a reference that is not a variant of the job is refused, naming the field
+    # a reference that is not a variant of the job is not found, naming the field
     bad = httpx.get(f"{base}/compare", params={"reference": "mhc_lite"}, timeout=30)
-    assert bad.status_code == 422 and bad.json()["error"]["field"] == "reference"
+    assert bad.status_code == 404 and bad.json()["error"]["field"] == "reference"
+    assert "full_attnres" in bad.json()["error"]["message"]
 
     # the same from the CLI, with the plot
     plot = tmp_path / "compare.png"
