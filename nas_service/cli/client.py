@@ -177,7 +177,12 @@ def _trial_line(t: dict[str, Any], metrics: Sequence[str]) -> str:
         f"{m}={t['metrics'][m]:.4g}" if isinstance(t["metrics"].get(m), int | float) else f"{m}=-"
         for m in metrics
     )
-    return f"{t['number']:>5}  {t['state']:9} {t['variant']:20} {shape:22} {values}"
+    line = f"{t['number']:>5}  {t['state']:9} {t['variant']:20} {shape:22} {values}"
+    tried = [e.get("setting", {}) for e in t.get("settings") or []]
+    varied = [k for k in t.get("setting") or {} if len({str(s.get(k)) for s in tried}) > 1]
+    if varied:  # the trial's best of several settings: which one
+        line += "  at " + " ".join(f"{k}={t['setting'][k]:g}" for k in varied)
+    return line
 
 
 def _cmd_trials(args: argparse.Namespace) -> int:

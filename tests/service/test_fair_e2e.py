@@ -146,3 +146,5 @@ def test_compare_sensitivity_and_profile_agree_with_the_trials(server: str, tmp_
     assert plot.read_bytes()[:4] == b"\x89PNG"
     out = cli(server, "sensitivity", job["id"])
     assert out.returncode == 0 and "widen lr" in out.stdout, out.stdout + out.stderr
+    out = cli(server, "trials", job["id"])
+    assert out.returncode == 0 and out.stdout.count("at lr=") == 6, out.stdout
