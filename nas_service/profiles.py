@@ -315,6 +315,12 @@ def _edge_flags(axis: str, curves: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+#: Above this R² of ln d_model on ln n_layers the two are fitted as one term: at a fixed
+#: parameter count they move together up to the rounding of the width, and a two-term fit
+#: would return large exponents of opposite sign that mean nothing.
+COLLINEAR_R2 = 0.95
+
+
 def _lr_fit(best_lr: list[dict[str, Any]]) -> dict[str, Any]:
     """ln lr* = c + a·ln d_model + b·ln n_layers by least squares over the identifiable
     terms (see `sensitivity`); `rms_residual` where there are more shapes than terms."""
@@ -327,11 +333,12 @@ def _lr_fit(best_lr: list[dict[str, Any]]) -> dict[str, Any]:
     terms: list[tuple[str, np.ndarray]] = []
     if varies_d and varies_l:
         line = np.polyfit(ln_l, ln_d, 1)
-        if np.max(np.abs(np.polyval(line, ln_l) - ln_d)) < 1e-9:
+        r2 = 1 - np.sum((np.polyval(line, ln_l) - ln_d) ** 2) / np.sum((ln_d - ln_d.mean()) ** 2)
+        if r2 > COLLINEAR_R2:  # a fixed-parameter sweep: d_model falls as n_layers grows
             message = (
-                f"every shape has d_model ∝ n_layers^{line[0]:.3g}: the exponents of d_model "
-                "and n_layers are not separately identifiable; a is their combined slope "
-                "along that line (fitted on ln d_model alone)"
+                f"d_model ∝ n_layers^{line[0]:.3g} across the shapes (R² {r2:.3f}): the "
+                "exponents of d_model and n_layers are not separately identifiable; a is "
+                "their combined slope along that line (fitted on ln d_model alone)"
             )
             terms = [("a", ln_d)]
         else:

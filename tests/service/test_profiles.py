@@ -290,6 +290,12 @@ def test_the_best_lr_fit_recovers_its_exponents_where_identifiable() -> None:
     fit = v["best_lr_fit"]
     assert fit["b"] is None and "not separately identifiable" in fit["message"]
     assert fit["a"] == pytest.approx(0.5 + 0.6, abs=1e-9)  # ln L = const − 2 ln d
+    # the widths of a real fixed-parameter sweep, rounded to the head dimension: nearly on
+    # one line, so a two-term fit would give exponents that mean nothing
+    rounded = [(104, 1), (72, 2), (64, 3), (56, 4), (48, 5), (40, 8)]
+    (v,) = profiles.sensitivity(rows_for(rounded))["variants"]
+    fit = v["best_lr_fit"]
+    assert fit["b"] is None and "not separately identifiable" in fit["message"]
     (v,) = profiles.sensitivity(rows_for(tied[:2]))["variants"]
     assert v["best_lr_fit"] is None  # fewer than three shapes
 
