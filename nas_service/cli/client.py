@@ -86,6 +86,14 @@ def add_parsers(sub: Any) -> None:
     p.set_defaults(func=_client_command(_cmd_sensitivity))
 
 
+def _save_plot(args: argparse.Namespace, name: str, params: dict[str, Any]) -> None:
+    """The job's plot `name` (`/v1/jobs/{job}/plots/{name}.png`) written to `--plot`."""
+    png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/{name}.png", params=params)
+    with open(args.plot, "wb") as fh:
+        fh.write(png)
+    print(f"wrote {args.plot}")
+
+
 def _load_spec(path: str) -> dict[str, Any]:
     """The spec file validated as the service validates one (`spec.load_spec`: a size cap,
     no YAML anchors or aliases, every field checked), as the JSON to send: the fields the
@@ -216,10 +224,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
             f"nothing trades {out['metrics'][0]} for {', '.join(out['metrics'][1:])}"
         )
     if args.plot:
-        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/pareto.png", params=params)
-        with open(args.plot, "wb") as f:
-            f.write(png)
-        print(f"wrote {args.plot}")
+        _save_plot(args, "pareto", params)
     return 0
 
 
@@ -251,10 +256,7 @@ def _cmd_optimum(args: argparse.Namespace) -> int:
         if f.get("move_message"):
             print(f"{'':24} {f['move_message']}")
     if args.plot:
-        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/optimum.png", params=params)
-        with open(args.plot, "wb") as fh:
-            fh.write(png)
-        print(f"wrote {args.plot}")
+        _save_plot(args, "optimum", params)
     return 0
 
 
@@ -285,10 +287,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if out["unmatched"]:
         print(f"{len(out['unmatched'])} shapes without a match in the other variant")
     if args.plot:
-        png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/compare.png", params=params)
-        with open(args.plot, "wb") as fh:
-            fh.write(png)
-        print(f"wrote {args.plot}")
+        _save_plot(args, "compare", params)
     return 0
 
 
