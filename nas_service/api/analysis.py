@@ -115,7 +115,9 @@ def optimum(
     job_id: str,
     session: SessionDep,
     cache: ResultsDep,
-    bootstrap: Annotated[int, Query(ge=0, le=2000)] = 200,
+    bootstrap: Annotated[
+        int, Query(ge=0, le=2000, description="draws of the fit for the interval (0: none)")
+    ] = 200,
     profile: ProfileQuery = True,
 ) -> OptimumRead:
     return queries.optimum(session, cache, job_id, bootstrap, profile)

@@ -180,7 +180,8 @@ class FixedViewRead(BaseModel):
 
 class OptimumFitRead(BaseModel):
     """The fitted d_model/L_b optimum of one variant (at one budget): loss against
-    x = ln(d_model/L_b) fitted by a quadratic, its vertex and a bootstrap interval."""
+    x = ln(d_model/L_b) fitted by a quadratic, its vertex and an interval from draws of the
+    fit's sampling distribution."""
 
     variant: str
     n_trials: int

@@ -233,8 +233,8 @@ def _cmd_optimum(args: argparse.Namespace) -> int:
     out = cli._request(args, "GET", f"/v1/jobs/{args.job}/optimum", params=params)
     view = "every trial" if args.raw else "each shape at its best training setting"
     print(
-        "loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% bootstrap; "
-        f"{view}):"
+        "loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% interval "
+        f"from the fit; {view}):"
     )
     for f in out["fits"]:
         name = f["variant"] + (
