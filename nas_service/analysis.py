@@ -376,6 +376,19 @@ def plot_pareto(
     plt.close(fig)
 
 
+def _ratio_ticks(ax: Any, ratios: Sequence[float]) -> None:
+    """Ticks of a log axis of shapes at the shapes explored (at most 12), written as plain
+    numbers: the default decade ticks of a range under two decades are unreadable."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+    shown = sorted({float(f"{r:.3g}") for r in ratios if r > 0})
+    if not shown or len(shown) > 12:
+        return
+    ax.xaxis.set_major_locator(FixedLocator(shown))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+
+
 def plot_optimum(
     data: dict[str, tuple[Floats, Floats]],
     fits: dict[str, OptimumFit],
@@ -406,6 +419,7 @@ def plot_optimum(
                     fontsize=8,
                 )
     ax.set_xscale("log")
+    _ratio_ticks(ax, [r for ratios, _ in data.values() for r in np.asarray(ratios, float)])
     ax.set_xlabel("d_model / L_b")
     ax.set_ylabel("validation loss")
     ax.set_title("loss versus shape at matched compute")
