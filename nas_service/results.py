@@ -542,7 +542,9 @@ def optimum_by_variant(
                 "setting": best_setting,
             },
         )
-        fit.message = " ".join(m for m in (fit.message, _one_block_edge(fit, points)) if m)
+        edge = _one_block_edge(fit, points)
+        if edge:  # no wider shape exists: say what would locate it instead
+            fit.message = f"{fit.message.replace(': widen the space', '')} {edge}".strip()
         answer = fit.as_dict() | {
             "budget": budget,
             "view": "profile" if profile else "raw",

@@ -581,6 +581,7 @@ def test_an_optimum_beyond_one_block_says_what_would_locate_it() -> None:
     assert fit["verdict"] == "at_edge"
     assert "one block (L_b = 1, d_model = 104)" in fit["message"]
     assert "larger parameter target" in fit["message"]
+    assert "widen the space" not in fit["message"]  # there is no wider shape to add
     wide = [(d * 4, n) for d, n in SHAPES]  # the same bowl, its minimum inside the range
     inside = [
         make_row(i, arch("baseline", n, d), [(setting(3e-3), [2 + math.log(d / n / 40) ** 2])])
