@@ -221,7 +221,8 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
     if len(out["front"]) == 1 and out["n_candidates"] > 1:
         print(
             "one trial is at least as good as every other on every metric: in this space "
-            f"nothing trades {out['metrics'][0]} for {', '.join(out['metrics'][1:])}"
+            f"nothing trades {out['metrics'][0]} for {', '.join(out['metrics'][1:])} (a front "
+            "of several points needs shapes whose lower loss costs more, e.g. where depth pays)"
         )
     if args.plot:
         _save_plot(args, "pareto", params)
