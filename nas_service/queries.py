@@ -25,6 +25,8 @@ from nas_service.api.schemas import (
     Compute,
     JobList,
     JobRead,
+    LandscapeJobRead,
+    LandscapeRead,
     OptimumFitRead,
     OptimumRead,
     ParetoRead,
@@ -292,6 +294,26 @@ def scaling(
     results = job_results(cache, job_row(session, cache, job_id))
     return ScalingRead.model_validate(
         {"job_id": job_id} | scaling_by_variant(results, reference, loss)
+    )
+
+
+def landscape(session: Session, cache: ResultsCache, job_id: str) -> LandscapeRead:
+    """The job recorded as a landscape (`nas_service.landscape`): its spec and every trial
+    with its curve (a running job's as far as it got)."""
+    from nas_service.landscape import landscape as record
+
+    job = job_row(session, cache, job_id)
+    results = job_results(cache, job)
+    meta = LandscapeJobRead(
+        id=job.id,
+        name=job.name,
+        status=job.status,
+        study_name=job.study_name,
+        objectives=list(job.spec["objectives"]),
+        spec=_stored_spec(job),
+    )
+    return results.memoised(
+        ("landscape",), lambda: record(meta, [_trial(r, curve=True) for r in results.rows])
     )
 
 

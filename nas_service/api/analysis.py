@@ -17,6 +17,7 @@ from nas_service.api.jobs import JOB_ERRORS
 from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import (
     CompareRead,
+    LandscapeRead,
     OptimumRead,
     ParetoRead,
     ScalingRead,
@@ -156,6 +157,14 @@ def scaling(
     loss: Annotated[float | None, Query(gt=0, allow_inf_nan=False)] = None,
 ) -> ScalingRead:
     return queries.scaling(session, cache, job_id, reference, loss)
+
+
+@router.get("/{job_id}/landscape", response_model=LandscapeRead, responses=JOB_ERRORS)
+def landscape(job_id: str, session: SessionDep, cache: ResultsDep) -> LandscapeRead:
+    """The job recorded as a landscape: its spec and every trial with its parameters, costs,
+    settings, per-seed runs (tokens, FLOPs, wall time) and curve, and the corpus identity
+    (`depthscope export`)."""
+    return queries.landscape(session, cache, job_id)
 
 
 @router.get("/{job_id}/plots/pareto.png", response_class=Response, responses=PNG)

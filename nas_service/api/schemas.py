@@ -320,6 +320,28 @@ class SensitivityRead(BaseModel):
     variants: list[VariantSensitivityRead]
 
 
+class LandscapeJobRead(BaseModel):
+    id: str
+    name: str
+    status: JobStatus
+    study_name: str
+    objectives: list[str]
+    spec: JobSpec
+
+
+class LandscapeRead(BaseModel):
+    """A job recorded as a landscape (`nas_service.landscape`): its spec and every trial with
+    its parameters, architecture, costs, settings and per-seed runs (tokens, FLOPs, wall
+    time), and its evaluation curve; the corpus the runs read. What a simulated run of the
+    same search replays."""
+
+    format: Literal["depthscope-landscape"]
+    version: int
+    job: LandscapeJobRead
+    corpus: dict[str, Scalar] | None  # the identity every run reported (name, checksum, sizes)
+    trials: list[TrialRead]
+
+
 # -- the cost request --------------------------------------------------------------------------
 #: Upper bounds of the cost request's integers: far beyond any model priced, small enough
 #: that every formula stays finite.

@@ -4,7 +4,7 @@ client commands (`_request`).
 - `arch`: the architecture flags, one per `cost_model.ArchConfig` field, and `--arch FILE`;
 - `local`: `cost`, `train`, `db`, `runner`, `serve`;
 - `client`: `submit [--wait]`, `status`, `cancel`, `trials`, `pareto`, `optimum`, `compare`,
-  `sensitivity`.
+  `sensitivity`, `export`.
 
 Importing this package imports nothing but the standard library; the subcommands' modules
 load when the parser is built, and each command imports what it needs when it runs, so that

@@ -1,7 +1,7 @@
 """The `depthscope` commands that talk to the service over HTTP: `submit [--wait]`,
 `status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`, `compare [--plot]`,
-`sensitivity`. Every call goes through
-the package's one transport, `nas_service.cli._request` (looked up when called)."""
+`sensitivity`, `export --out` (the job as a landscape). Every call goes through the package's
+one transport, `nas_service.cli._request` (looked up when called)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--plot", help="write a PNG of the difference against depth here")
     _add_client_args(p)
     p.set_defaults(func=_client_command(_cmd_compare))
+
+    p = sub.add_parser("export", help="write a job as a landscape file (JSON)")
+    p.add_argument("job")
+    p.add_argument("--out", required=True, help="the file to write")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_export))
 
     p = sub.add_parser("sensitivity", help="loss against each training axis, per shape")
     p.add_argument("job")
@@ -312,4 +318,18 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
             print(f"  {flag}")
     if not out["variants"]:
         print("no training axis took more than one value in this job")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    import json
+
+    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/landscape")
+    with open(args.out, "w") as fh:
+        json.dump(out, fh, separators=(",", ":"))
+    runs = sum(len(t["train"]) for t in out["trials"])
+    print(
+        f"wrote {args.out}: job {out['job']['name']} ({out['job']['status']}), "
+        f"{len(out['trials'])} trials, {runs} training runs"
+    )
     return 0

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from nas_service.analysis import fit_optimum
+from nas_service.landscape import load_landscape
 from tests.service.apikit import cli
 from tests.service.jobkit import TINY
 
@@ -148,3 +149,12 @@ def test_compare_sensitivity_and_profile_agree_with_the_trials(server: str, tmp_
     assert out.returncode == 0 and "widen lr" in out.stdout, out.stdout + out.stderr
     out = cli(server, "trials", job["id"])
     assert out.returncode == 0 and out.stdout.count("at lr=") == 6, out.stdout
+    exported = tmp_path / "landscape.json"
+    out = cli(server, "export", job["id"], "--out", str(exported))
+    assert out.returncode == 0 and "6 trials, 24 training runs" in out.stdout, out.stdout
+    land = load_landscape(exported)
+    assert (
+        land.corpus is not None
+        and land.corpus["source"] == trials[0]["train"][0]["corpus"]["source"]
+    )
+    assert [t.seeds for t in land.trials] == [t["seeds"] for t in trials]
