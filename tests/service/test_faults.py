@@ -299,12 +299,18 @@ def test_kill_session_stops_the_whole_tree_and_nothing_else(tmp_path: Path) -> N
 # -- SIGKILL of the whole service, five times ---------------------------------------------
 
 
+#: Enough trials that five kills, each after at least one more trial counted, still find
+#: the job running: with 10 trials of a second or two, the last two sometimes finished
+#: between two polls before the fifth kill (and the test waited for a running trial).
+FIVE_KILLS: dict[str, Any] = JOB | {"name": "faults-5", "n_trials": 20}
+
+
 def test_service_sigkilled_five_times_mid_job(db_url: str, service_factory: Any) -> None:
     svc: Service = service_factory(db_url)
     svc.start()
-    job_id = svc.submit(JOB)
+    job_id = svc.submit(FIVE_KILLS)
     view = StudyView(db_url, job_id)
-    n = JOB["n_trials"]
+    n = FIVE_KILLS["n_trials"]
     completed_before: dict[int, list[float]] = {}
     done = 0
     for kill in range(5):

@@ -165,7 +165,10 @@ def test_readers_see_each_run_as_it_finishes(tuned: TunedJob) -> None:
                 shown.setdefault(number, []).append(len(plan))
     assert shown, "no poll saw a trial running"
     for counts in shown.values():
-        assert counts == sorted(counts) and max(counts) < 4  # grows, and is never all of it
+        # grows; all 4 only in the instant between the trial's last attributes and its
+        # state (Optuna stores them apart, and a finished trial's attributes are frozen), a
+        # moment a reader refreshed by the other trial's rows can catch
+        assert counts == sorted(counts) and max(counts) <= 4
     assert {1, 2, 3} <= {n for counts in shown.values() for n in counts}
 
 
