@@ -64,28 +64,13 @@ def make_row(
             best = (mean, dict(s), list(losses))
     assert best is not None
     loss, chosen, seeds = best
-    return TrialRow(
-        number,
-        TrialStatus.COMPLETE,
-        "completed",
-        "",
-        {},
-        dict(architecture),
-        {"val_loss": loss, "params_total": 1e6},
-        [loss],
-        [],
-        [],
-        False,
-        1.0,
-        budget,
-        setting=chosen,
-        settings=settings,
-        seeds=seeds,
-    )
+    row = old_row(number, architecture, loss, budget)
+    row.setting, row.settings, row.seeds = chosen, settings, seeds
+    return row
 
 
 def old_row(
-    number: int, architecture: dict[str, Any], loss: float, budget: float = BUDGET
+    number: int, architecture: dict[str, Any], loss: float, budget: float | None = BUDGET
 ) -> TrialRow:
     """A trial from before settings were recorded (no setting, settings or seeds)."""
     return TrialRow(
