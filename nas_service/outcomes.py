@@ -39,7 +39,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.cluster import retryable
+from nas_service.backend import Backend
 from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.failures import describe
 from nas_service.search import (
@@ -183,6 +183,7 @@ class TrialOutcomes:
     """What the runner does with one trial, given its sessions, settings and flights."""
 
     Session: sessionmaker[Session]
+    backend: Backend
     settings: Settings
     cluster: str
     flights: list[Flight]
@@ -212,18 +213,11 @@ class TrialOutcomes:
     def _launch(self, flight: Flight) -> None:
         """Start the flight's current run: the candidate's `TrainSpec` at the run's setting
         and seed."""
-        import ray
-
-        from workers.task import train_streaming
-
         assert flight.priced.train_spec is not None
         setting = flight.settings[flight.setting]
         spec = flight.priced.train_spec.replace(**setting, seed=flight.seed)
-        resources = ray.cluster_resources()  # type: ignore[no-untyped-call]
-        gpus = 1 if resources.get("GPU", 0) >= 1 else 0
-        cpus = spec.threads or 1
         flight.points = []
-        flight.gen = train_streaming.options(num_cpus=cpus, num_gpus=gpus).remote(spec)
+        flight.gen = self.backend.launch(spec)
 
     # -- outcomes ------------------------------------------------------------------------
     def _tell(
@@ -367,7 +361,7 @@ class TrialOutcomes:
 
     def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
         reason = describe(exc)
-        if retryable(exc) and flight.attempt < MAX_ATTEMPTS:
+        if self.backend.retryable(exc) and flight.attempt < MAX_ATTEMPTS:
             self._close_run(flight.run_id, RunState.LOST, reason)
             flight.attempt += 1
             flight.run_id = self._new_run(
@@ -384,10 +378,8 @@ class TrialOutcomes:
         self._fail(flight, tries + reason)
 
     def _stop_task(self, flight: Flight) -> None:
-        import ray
-
         try:
-            ray.cancel(flight.gen, force=True)
+            self.backend.cancel(flight.gen)
         except Exception as exc:  # already finished or its worker gone: nothing to stop
             log.debug("cancel of trial %d: %s", flight.trial.number, exc)
 

@@ -37,7 +37,8 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.cluster import connect_ray, largest_node, shutdown_ray
+from nas_service.backend import Backend, RayBackend
+from nas_service.cluster import connect_ray
 from nas_service.db import (
     EventKind,
     Job,
@@ -88,13 +89,21 @@ class ActiveJob:
 class Runner(TrialOutcomes):
     """Drives every active job on one Ray cluster (`cluster`, a name from the settings).
     With `watch_parent`, it stops when the process that started it dies (`depthscope serve`
-    starts its runners so)."""
+    starts its runners so). `backend` runs the training (default: `RayBackend` on the
+    cluster; `nas_service.simulated.SimulatedBackend` replays a landscape)."""
 
-    def __init__(self, settings: Settings, cluster: str = "local", watch_parent: bool = False):
+    def __init__(
+        self,
+        settings: Settings,
+        cluster: str = "local",
+        watch_parent: bool = False,
+        backend: Backend | None = None,
+    ):
         if cluster not in settings.clusters:
             raise ValueError(f"cluster: unknown {cluster!r}")
         self.settings = settings
         self.cluster = cluster
+        self.backend: Backend = backend or RayBackend(settings.clusters[cluster])
         self.engine = make_engine(settings.database_url)
         self.Session = make_sessionmaker(self.engine)
         self.storage = optuna_storage(settings.database_url)
@@ -160,9 +169,8 @@ class Runner(TrialOutcomes):
                 raise TimeoutError(f"runner still busy after {timeout_s}s")
 
         self._acquire(check_time, poll_s)
-        owns_ray = False
         try:
-            owns_ray = connect_ray(self.settings.clusters[self.cluster])
+            self.backend.connect()
             self._until_database(self.recover, check_time)
             outage = 0
             while True:
@@ -197,8 +205,7 @@ class Runner(TrialOutcomes):
                 self.lease.release()
             except Exception as exc:  # the lease expires by itself
                 log.warning("could not release the lease: %s", describe(exc))
-            if owns_ray:  # a local Ray's processes (its agents included) go with it
-                shutdown_ray(local=self.settings.clusters[self.cluster].address is None)
+            self.backend.shutdown()
 
     def _acquire(self, check_time: Any, poll_s: float) -> None:
         """Wait until this runner holds the cluster's lease."""
@@ -291,7 +298,7 @@ class Runner(TrialOutcomes):
 
     def _check_resources(self, spec: JobSpec) -> None:
         cpus = spec.training.threads or 1
-        node = largest_node()
+        node = self.backend.largest_node()
         if cpus > node["CPU"]:
             raise JobBroken(
                 f"training.threads: each trial needs {cpus} CPUs, but the largest node of "
@@ -354,19 +361,10 @@ class Runner(TrialOutcomes):
         return flight
 
     def _poll(self, timeout_s: float) -> None:
-        import ray
-
-        gens = [f.gen for f in self.flights]
-        ready, _ = ray.wait(gens, num_returns=1, timeout=timeout_s)
+        ready = self.backend.wait([f.gen for f in self.flights], timeout_s)
         ready_ids = {id(g) for g in ready}
         for flight in [f for f in self.flights if id(f.gen) in ready_ids]:
-            try:
-                item: Any = ray.get(next(flight.gen))
-            except StopIteration:
-                item = RuntimeError("the training task ended without a result")
-            except Exception as exc:
-                item = exc
-            self._conclude(flight, item)
+            self._conclude(flight, self.backend.next_item(flight.gen))
 
     def _conclude(self, flight: Flight, item: Any) -> None:
         """Act on what came back for `flight`; a database outage keeps it for later."""
