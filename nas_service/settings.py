@@ -5,7 +5,8 @@ Built by `get_settings()` and injected; nothing reads them at import time. Neste
 given as raw addresses in a job request. Named clusters add to `local` (always configured
 while `local_cluster` is True, and never when it is False). Corpora are registered by name:
 `DEPTHSCOPE_CORPORA__SHAKESPEARE=/data/plays.txt` (names are simple identifiers; the
-environment gives them in lower case).
+environment gives them in lower case). The artifact store of multi-fidelity jobs
+(`DEPTHSCOPE_ARTIFACT_STORE`) is likewise the operator's alone.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class Settings(BaseSettings):
     max_trial_recoveries: int = Field(default=3, ge=1)
     # A job whose trials raise inside the runner this many times is failed.
     max_job_errors: int = Field(default=5, ge=1)
+    # Multi-fidelity jobs keep each candidate's checkpoint between rungs here: a folder or
+    # an fsspec URL (s3://bucket/prefix, …). Only the operator sets it; a job has no field
+    # for it. It may hold credentials: messages name only its kind (`check_job`).
+    artifact_store: str = "depthscope-artifacts"
+    max_checkpoint_bytes: int = Field(default=1 << 30, ge=1)  # one checkpoint read back
 
     @field_validator("corpora")
     @classmethod

@@ -6,6 +6,10 @@ values, or searched: jointly (choices or a `FloatRange` in `training`, study par
 the architecture's) or per shape (`tune` lists: every architecture trained at each
 combination).
 
+A `fidelity` section makes the search multi-fidelity: rungs (fractions of each candidate's
+budget), the reduction factor, Hyperband brackets, and whether a promoted candidate resumes
+from its checkpoint (WSD only) or retrains; the rules themselves are `nas_service.fidelity`.
+
 The same pydantic model is what the HTTP API accepts and what `depthscope submit` reads from
 YAML. `JobSpec` checks everything a spec can check on its own; `check_job(spec, settings)`
 adds what needs the service's settings (limits, cluster names) and the cost model (a space
@@ -49,6 +53,8 @@ from nas_service.spec.model import (
     MAX_LAYOUT,
     MAX_LR,
     MAX_MICROBATCHES,
+    MAX_REDUCTION,
+    MAX_RUNGS,
     MAX_SEED,
     MAX_SPEC_BYTES,
     MAX_VOCAB,
@@ -60,6 +66,7 @@ from nas_service.spec.model import (
     Budget,
     Constraint,
     CostContext,
+    Fidelity,
     FloatBudget,
     FloatRange,
     IntAxis,
@@ -98,6 +105,8 @@ __all__ = [
     "MAX_LAYOUT",
     "MAX_LR",
     "MAX_MICROBATCHES",
+    "MAX_REDUCTION",
+    "MAX_RUNGS",
     "MAX_SEED",
     "MAX_SPEC_BYTES",
     "MAX_VOCAB",
@@ -113,6 +122,7 @@ __all__ = [
     "CandidateSpace",
     "Constraint",
     "CostContext",
+    "Fidelity",
     "FloatBudget",
     "FloatRange",
     "IntAxis",

@@ -5,6 +5,7 @@ the value and the limit), corpora from where the operator allows (`resolve_corpu
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from cost_model import (
@@ -281,7 +282,10 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     sequence length, batch size, threads, parameters per candidate, the estimated compute of
     the job: runs × FLOPs of the largest run), an
     unknown cluster, a corpus from outside the data folder, a space with no valid candidate,
-    or a budget too small for one optimizer step of the smallest candidate.
+    or a budget too small for one optimizer step of the smallest candidate; with a `fidelity`
+    section, a first rung too small for one optimizer step and an artifact store
+    (`settings.artifact_store`) that cannot be written, read and cleaned (checked last: it
+    may be remote).
 
     Everything that can be checked arithmetically is checked before any candidate is built,
     so a hostile range costs nothing."""
@@ -299,7 +303,8 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     budgets = spec.budget.values()
     step_tokens = spec.training.batch_size * spec.training.seq_len
     if spec.budget.kind == "flops":
-        best = max(tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch)
+        bought = [tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch]
+        best = max(bought)
         if best < step_tokens:
             raise SpecError(
                 [
@@ -319,4 +324,75 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
                 )
             ]
         )
+    else:
+        bought = [int(min(budgets))]
+    if spec.fidelity is not None:
+        # the candidate with the fewest tokens among those the budget trains at all
+        _check_first_rung(spec.fidelity.rungs[0], min(t for t in bought if t >= step_tokens), spec)
+        _check_store(settings)
     return valid
+
+
+def _check_first_rung(rung: float, tokens: int, spec: JobSpec) -> None:
+    """The first rung buys at least one optimizer step of the candidate with the fewest
+    tokens (the largest under a FLOPs budget, at the smallest budget): below it the rung
+    would train a whole step anyway and no longer be the fraction asked for."""
+    step_tokens = spec.training.batch_size * spec.training.seq_len
+    if tokens * rung < step_tokens:
+        raise SpecError(
+            [
+                (
+                    "fidelity.rungs",
+                    f"the first rung, {rung:g} of the budget, is {int(tokens * rung)} tokens "
+                    f"of the candidate with the fewest ({tokens}), fewer than one optimizer "
+                    f"step ({step_tokens} = batch_size × seq_len); raise it to at least "
+                    f"{step_tokens / tokens:.3g}, or raise the budget",
+                )
+            ]
+        )
+
+
+#: A protocol of an fsspec URL (`s3`, `gcs`, `memory`…): the only part of it a message shows.
+_PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]{0,31}")
+
+
+def _store_kind(url: str) -> str | None:
+    """The protocols of an fsspec URL ("s3", "simplecache::s3"), or None for a local folder
+    (a path, or `file://`); never its host, bucket, path or credentials."""
+    parts = url.split("::")
+    protocols = [p.split("://", 1)[0] if "://" in p else p for p in parts[:-1]]
+    if "://" in parts[-1]:
+        protocols.append(parts[-1].split("://", 1)[0])
+    protocols = [p if _PROTOCOL.fullmatch(p) else "?" for p in protocols]
+    if not protocols or protocols == ["file"]:
+        return None
+    return "::".join(protocols)
+
+
+def _scrub(reason: str, url: str) -> str:
+    """`reason` without the store's URL or path, nor anything like user:password@."""
+    forms = {url, url.rstrip("/"), url.split("://", 1)[-1].rstrip("/")}
+    if _store_kind(url) is None:
+        local = url.removeprefix("file://")
+        forms |= {local.rstrip("/"), os.path.abspath(os.path.expanduser(local))}
+    for form in sorted((f for f in forms if f), key=len, reverse=True):
+        reason = reason.replace(form, "<store>")
+    return re.sub(r"//[^/\s@]*@", "//", reason)
+
+
+def _check_store(settings: Settings) -> None:
+    """The operator's artifact store takes a write, a read and a delete (a multi-fidelity
+    job keeps its checkpoints there). The message names the store only by its kind: its URL
+    may hold credentials."""
+    from workers.store import ArtifactStore  # fsspec: loaded only for a fidelity job
+
+    url = settings.artifact_store
+    kind = _store_kind(url)
+    try:
+        ArtifactStore(url).check()
+    except Exception as exc:  # any failure of a third-party filesystem: a refusal, not a 500
+        reason = getattr(exc, "reason", None) or f"{type(exc).__name__}: {exc}"
+        where = "folder is not writable" if kind is None else f"({kind}) is not usable"
+        raise SpecError(
+            [("fidelity", f"the operator's artifact store {where}: {_scrub(reason, url)}")]
+        ) from None

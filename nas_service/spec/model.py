@@ -496,6 +496,7 @@ class Training(_Strict):
     depth_lr_mult: TrainAxis = 1.0
     schedule: Schedule = "cosine"
     warmup_frac: TrainAxis = 0.05
+    decay_frac: float = Field(default=0.2, ge=0, lt=1)  # WSD's decay share (the last 20 %)
     weight_decay: TrainAxis = 0.1
     n_evals: int = Field(default=8, ge=1, le=MAX_EVALS)
     eval_batches: int = Field(default=8, ge=1, le=MAX_EVALS)
@@ -505,6 +506,11 @@ class Training(_Strict):
     @classmethod
     def _given(cls, value: Any) -> Any:
         return _numbers(value)
+
+    @field_validator("decay_frac", mode="before")
+    @classmethod
+    def _one_number(cls, value: Any) -> Any:
+        return _number(value)
 
     @field_validator(*TRAINING_AXES)
     @classmethod
@@ -620,6 +626,77 @@ class CostContext(_Strict):
             raise ValueError(str(exc)) from None
 
 
+#: The most rungs of a fidelity ladder, and the largest reduction factor η.
+MAX_RUNGS = 8
+MAX_REDUCTION = 100.0
+
+
+class Fidelity(_Strict):
+    """Multi-fidelity search (successive halving): every candidate trains first on the
+    smallest rung's share of its budget, and only the best 1/`reduction` of the results at a
+    rung go on to the next (ASHA: as soon as they are among the best, asynchronously). With
+    `brackets` > 1, Hyperband: bracket b's candidates start at rung b, trials spread over the
+    brackets in Hyperband's proportions (`nas_service.fidelity.bracket_of`).
+
+    `rungs` are fractions of each candidate's budget, strictly increasing, in (0, 1], the
+    last exactly 1 (the full budget). `reuse`: `checkpoint` resumes a promoted candidate from
+    its checkpoint at the rung it reached and scores each rung on a short decay branch
+    (exact: only under the WSD schedule, whose stable phase does not depend on where a run
+    stops; every non-final rung must then lie in the stable phase, ≤ 1 − decay_frac);
+    `retrain` trains each rung from scratch on its share of the budget (any schedule)."""
+
+    rungs: list[float] = Field(min_length=2, max_length=MAX_RUNGS)
+    reduction: float = Field(default=3.0, gt=1, le=MAX_REDUCTION)
+    brackets: int = Field(default=1, ge=1, le=MAX_RUNGS)
+    reuse: Literal["checkpoint", "retrain"] = "checkpoint"
+
+    @field_validator("rungs", mode="before")
+    @classmethod
+    def _given(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            for v in value:
+                _number(v)
+        return value
+
+    @field_validator("reduction", mode="before")
+    @classmethod
+    def _one_number(cls, value: Any) -> Any:
+        return _number(value)
+
+    @field_validator("rungs")
+    @classmethod
+    def _ladder(cls, value: list[float]) -> list[float]:
+        for i, v in enumerate(value):
+            if not 0 < v <= 1:
+                raise ValueError(f"rung {i} ({v:g}) is outside (0, 1], the fractions of a budget")
+        for i in range(1, len(value)):
+            if value[i] <= value[i - 1]:
+                raise ValueError(
+                    f"rungs must be strictly increasing: rung {i} ({value[i]:g}) is not above "
+                    f"rung {i - 1} ({value[i - 1]:g})"
+                )
+        if value[-1] != 1:
+            raise ValueError(
+                f"the last rung must be 1 (the full budget), got {value[-1]:g}: the search "
+                "ends on fully trained candidates"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _brackets(self) -> Fidelity:
+        if self.brackets > len(self.rungs):
+            _refuse(
+                [
+                    (
+                        ("brackets",),
+                        f"{self.brackets} brackets, more than the {len(self.rungs)} rungs: "
+                        "bracket b starts at rung b",
+                    )
+                ]
+            )
+        return self
+
+
 class JobSpec(_Strict):
     name: Text = Field(min_length=1, max_length=200)
     space: SearchSpace
@@ -636,6 +713,7 @@ class JobSpec(_Strict):
     tune: Tune | None = None
     cost: CostContext = Field(default_factory=CostContext)
     cluster: Text = Field(default="local", min_length=1, max_length=100)
+    fidelity: Fidelity | None = None  # None: every candidate trains on its full budget
 
     @field_validator("objectives")
     @classmethod
@@ -685,6 +763,50 @@ class JobSpec(_Strict):
                 errors.append(
                     (where, f"none of the variants ({variants}) has depth-mixing parameters")
                 )
+        if errors:
+            _refuse(errors)
+        return self
+
+    @model_validator(mode="after")
+    def _fidelity(self) -> JobSpec:
+        """A fidelity section decides itself which candidates go on (no other pruner), and
+        continuing from a checkpoint needs the WSD schedule, every non-final rung in its
+        stable phase."""
+        fidelity = self.fidelity
+        if fidelity is None:
+            return self
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        if self.pruner not in ("auto", "none"):
+            errors.append(
+                (
+                    ("pruner",),
+                    f"{self.pruner} does not combine with fidelity: the rungs decide which "
+                    "candidates go on; use auto or none",
+                )
+            )
+        if fidelity.reuse == "checkpoint":
+            if self.training.schedule != "wsd":
+                errors.append(
+                    (
+                        ("fidelity", "reuse"),
+                        "continuing from a checkpoint is exact only under the WSD schedule: "
+                        "set training.schedule: wsd, or reuse: retrain (each promotion then "
+                        "retrains from scratch)",
+                    )
+                )
+            else:
+                stable = 1 - self.training.decay_frac
+                late = [(i, r) for i, r in enumerate(fidelity.rungs[:-1]) if r > stable]
+                if late:
+                    i, r = late[0]
+                    errors.append(
+                        (
+                            ("fidelity", "rungs"),
+                            f"rung {i} ({r:g}) lies in the decay phase (after 1 − decay_frac = "
+                            f"{stable:g}): a checkpoint must lie in the stable phase; lower the "
+                            "rung, lower training.decay_frac, or use reuse: retrain",
+                        )
+                    )
         if errors:
             _refuse(errors)
         return self
