@@ -1,0 +1,166 @@
+"""The artifact store: bytes under "/"-joined keys in a local folder or any fsspec URL
+(`file://`, `memory://`, `s3://`…), without torch.
+
+A segment of a multi-fidelity run saves its main line's state here (`workers.checkpoint`) and
+the next segment, perhaps on another node, resumes from it: the store is the only thing the
+segments share, so it must be reachable from every worker (a shared folder or an object store
+for a cluster). Keys are built by the runner; they are checked here anyway, so that no key can
+reach outside the store's root. Writes are atomic (a temporary name, then a move): a reader
+never sees half a checkpoint, whatever happens to the writer.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import secrets
+from typing import Any
+
+from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no stubs
+
+from cost_model import CostInputError
+from workers.contract import TrainSpecError
+
+#: One segment of a key: letters, digits, dot, underscore, hyphen ("." and ".." refused).
+_SEGMENT = re.compile(r"[A-Za-z0-9._-]+")
+#: What `put` appends to a key while it writes (never listed by `keys`).
+_TMP = ".tmp-"
+_TMP_NAME = re.compile(re.escape(_TMP) + r"[0-9a-f]{16}$")
+
+
+class StoreError(CostInputError):
+    """An unusable artifact store or key (`field`: "artifact_store" or "key", `reason`)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (it crosses Ray)
+        return (type(self), (self.field, self.reason))
+
+
+class CheckpointError(TrainSpecError):
+    """A checkpoint that cannot be used: missing, unreadable, corrupt, too large, or not the
+    state this run asked for (another run's, another step's). `field` is "checkpoint"."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (it crosses Ray)
+        return (type(self), (self.field, self.reason))
+
+
+def check_key(key: str) -> str:
+    """`key` itself if it is "/"-joined segments of `[A-Za-z0-9._-]`, none empty, "." or "..";
+    else `StoreError("key", ...)`."""
+    if not isinstance(key, str) or not key:
+        raise StoreError("key", f"must be a non-empty string, got {key!r}")
+    for segment in key.split("/"):
+        if segment in ("", ".", "..") or not _SEGMENT.fullmatch(segment):
+            raise StoreError(
+                "key",
+                f"{key!r}: every '/'-separated part must be letters, digits, '.', '_' or '-' "
+                "(and not empty, '.' or '..')",
+            )
+    return key
+
+
+class ArtifactStore:
+    """Bytes under keys below the root `url` (a folder path, or an fsspec URL).
+
+    Building one touches nothing (`check` does); every method checks its key first."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self._fs, root = url_to_fs(url)
+        except (ValueError, ImportError) as exc:  # unknown protocol, or its package missing
+            raise StoreError("artifact_store", f"cannot open {url!r}: {exc}") from exc
+        self._root = root.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.url!r})"
+
+    def _path(self, key: str) -> str:
+        return f"{self._root}/{check_key(key)}"
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store `data` under `key`, replacing what was there: written to `key.tmp-<random>`,
+        then moved onto `key`, so the key holds the old bytes or the new ones, never a part."""
+        path = self._path(key)
+        tmp = f"{path}{_TMP}{secrets.token_hex(8)}"
+        try:
+            self._fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self._fs.pipe_file(tmp, bytes(data))
+            self._fs.mv(tmp, path)
+        except OSError as exc:
+            self._discard(tmp)
+            raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+
+    def _discard(self, path: str) -> None:
+        try:
+            if self._fs.exists(path):
+                self._fs.rm(path)
+        except OSError:
+            pass  # the write failed already; a stray temporary is never listed
+
+    def get(self, key: str, max_bytes: int) -> bytes:
+        """The bytes under `key`; `CheckpointError("checkpoint", ...)` when there are none,
+        they cannot be read, or they are more than `max_bytes`."""
+        path = self._path(key)
+        try:
+            size = int(self._fs.size(path))
+            if size > max_bytes:
+                raise CheckpointError(
+                    "checkpoint",
+                    f"{key} in {self.url} holds {size} bytes, more than the limit {max_bytes}",
+                )
+            with self._fs.open(path, "rb") as f:
+                data: bytes = f.read(max_bytes + 1)
+        except FileNotFoundError as exc:
+            raise CheckpointError("checkpoint", f"{key} is not in {self.url}") from exc
+        except OSError as exc:
+            reason = f"cannot read {key} from {self.url}: {exc}"
+            raise CheckpointError("checkpoint", reason) from exc
+        if len(data) > max_bytes:  # it grew between the size and the read
+            raise CheckpointError(
+                "checkpoint", f"{key} in {self.url} holds more than the limit of {max_bytes} bytes"
+            )
+        return data
+
+    def exists(self, key: str) -> bool:
+        path = self._path(key)
+        return bool(self._fs.exists(path)) and bool(self._fs.isfile(path))
+
+    def delete(self, key: str) -> None:
+        """Remove `key` (a missing key is fine)."""
+        path = self._path(key)
+        if self._fs.isfile(path):
+            self._fs.rm(path)
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Remove `prefix` itself and every key under `prefix/` (none is fine)."""
+        path = self._path(prefix)
+        if self._fs.exists(path):
+            self._fs.rm(path, recursive=True)
+
+    def keys(self, prefix: str | None = None) -> list[str]:
+        """Every key under `prefix/` (None: the whole store), sorted; writes in progress
+        (`put`'s temporaries) are not keys."""
+        base = self._path(prefix) if prefix is not None else self._root
+        if not self._fs.exists(base):
+            return []
+        found = []
+        for path in self._fs.find(base):
+            key = posixpath.relpath(path, self._root)
+            if not _TMP_NAME.search(key):
+                found.append(key)
+        return sorted(found)
+
+    def check(self) -> None:
+        """Write, read back and delete a probe; `StoreError("artifact_store", ...)` when the
+        store cannot be reached, written or read."""
+        key = f"probe-{secrets.token_hex(8)}"
+        data = secrets.token_bytes(16)
+        try:
+            self.put(key, data)
+            back = self.get(key, len(data))
+            self.delete(key)
+        except (StoreError, CheckpointError, OSError) as exc:
+            reason = exc.reason if isinstance(exc, CostInputError) else str(exc)
+            raise StoreError("artifact_store", reason) from exc
+        if back != data:
+            raise StoreError("artifact_store", f"{self.url} gave back other bytes than written")
