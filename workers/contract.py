@@ -7,6 +7,8 @@ torch; `workers.train` runs them.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
@@ -69,6 +71,12 @@ class TrainSpec:
     compile: bool = False
     threads: int | None = None  # torch intra-op threads (None: leave as is)
     divergence_factor: float = 3.0  # loss above factor · ln(vocab) counts as exploding
+    start_step: int = 0  # > 0: resume the main line from checkpoint_in at this step
+    stop_step: int | None = None  # None: train to planned_steps()
+    checkpoint_in: str | None = None  # keys in the artifact store (built by the runner)
+    checkpoint_out: str | None = None
+    artifact_store: str | None = None  # the store's root: a folder or an fsspec URL
+    max_checkpoint_bytes: int = 2**30  # a larger checkpoint is refused, saved or loaded
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, ArchConfig):
@@ -106,6 +114,56 @@ class TrainSpec:
             )
         if self.threads is not None and self.threads < 1:
             raise TrainSpecError("threads", f"must be positive, got {self.threads}")
+        if self.max_checkpoint_bytes < 1:
+            raise TrainSpecError(
+                "max_checkpoint_bytes", f"must be positive, got {self.max_checkpoint_bytes}"
+            )
+        self._check_segment()
+
+    def _check_segment(self) -> None:
+        """The segment fields (see the class): 0 ≤ start_step < stop_step ≤ T, a stop before
+        T in the stable phase with a checkpoint to save, a start after 0 with one to load,
+        WSD only."""
+        if self.start_step < 0:
+            raise TrainSpecError("start_step", f"must be non-negative, got {self.start_step}")
+        if self.start_step == 0 and self.stop_step is None:
+            return  # straight through
+        if self.schedule != "wsd":
+            raise TrainSpecError(
+                "schedule",
+                "training in segments (start_step, stop_step) is exact only under the WSD "
+                f"schedule (its stable phase), not {self.schedule}",
+            )
+        total = self.planned_steps()
+        if total < 1:
+            return  # the trainer refuses the budget itself
+        stop = total if self.stop_step is None else self.stop_step
+        if not self.start_step < stop <= total:
+            name = "start_step" if self.stop_step is None else "stop_step"
+            raise TrainSpecError(
+                name,
+                f"need start_step < stop_step ≤ {total} (the run's steps), got "
+                f"start_step {self.start_step}, stop_step {self.stop_step}",
+            )
+        if self.start_step > 0 and self.checkpoint_in is None:
+            raise TrainSpecError(
+                "checkpoint_in", f"start_step {self.start_step} resumes from a checkpoint: give one"
+            )
+        if stop < total:
+            stable_end = total - int(self.decay_frac * total)
+            if stop > stable_end:
+                raise TrainSpecError(
+                    "stop_step",
+                    f"{stop} is past the stable phase (steps up to {stable_end} of {total} with "
+                    f"decay_frac {self.decay_frac}): the main line's state there is not the "
+                    "start of a decay",
+                )
+            if self.checkpoint_out is None:
+                raise TrainSpecError(
+                    "checkpoint_out", f"stop_step {stop} < {total} saves a checkpoint: give a key"
+                )
+        if self.artifact_store is None and (self.start_step > 0 or stop < total):
+            raise TrainSpecError("artifact_store", "a segment's checkpoints need a store")
 
     @property
     def tokens_per_step(self) -> int:
@@ -124,6 +182,53 @@ class TrainSpec:
     def replace(self, **changes: Any) -> TrainSpec:
         return dataclasses.replace(self, **changes)
 
+    def branch_steps(self) -> int:
+        """The decay branch's steps after a stop before the end: max(1, int(decay_frac ·
+        stop_step)); 0 when the run trains to its end (`planned_steps()`)."""
+        if self.stop_step is None or self.stop_step >= self.planned_steps():
+            return 0
+        return max(1, int(self.decay_frac * self.stop_step))
+
+    def fingerprint(self) -> str:
+        """A stable hex hash (sha256) of every field that shapes the training trajectory
+        (`TRAJECTORY_FIELDS`): two specs with the same one train the same main line, so a
+        checkpoint of one can continue the other. Evaluation, device and segment fields are
+        left out."""
+        fields = {
+            name: dataclasses.asdict(value) if name == "arch" else value
+            for name in TRAJECTORY_FIELDS
+            for value in (getattr(self, name),)
+        }
+        text = json.dumps(fields, sort_keys=True, allow_nan=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+#: The `TrainSpec` fields a training trajectory depends on (`TrainSpec.fingerprint`).
+TRAJECTORY_FIELDS = (
+    "arch",
+    "budget_flops",
+    "budget_tokens",
+    "batch_size",
+    "lr",
+    "depth_lr_mult",
+    "schedule",
+    "warmup_frac",
+    "decay_frac",
+    "min_lr_ratio",
+    "weight_decay",
+    "beta1",
+    "beta2",
+    "grad_clip",
+    "seed",
+    "corpus",
+    "val_fraction",
+)
+
+
+def branch_steps(spec: TrainSpec) -> int:
+    """`spec.branch_steps()`: the decay branch's steps of a segment (0 for none)."""
+    return spec.branch_steps()
+
 
 @dataclass(frozen=True)
 class EvalPoint:
@@ -139,7 +244,12 @@ class EvalPoint:
 
 @dataclass
 class TrainResult:
-    """The outcome of one run. `status` is completed, stopped (by the callback) or diverged."""
+    """The outcome of one run. `status` is completed, stopped (by the callback) or diverged.
+
+    For a segment (`TrainSpec.start_step`, `stop_step`): `steps` is the main-line step
+    reached, `curve` the main line's evaluations in (start_step, steps], `final_val_loss` the
+    decay branch's (when there was one), `tokens_seen` and `flops_spent` what this run
+    trained: (steps − start_step + branch_steps) steps; `checkpoint` the key it saved."""
 
     status: str
     reason: str
@@ -159,6 +269,9 @@ class TrainResult:
     device: str
     params: int
     corpus: dict[str, Any] = field(default_factory=dict)
+    start_step: int = 0
+    branch_steps: int = 0  # decay-branch steps trained after the main line
+    checkpoint: str | None = None  # the key of the main line's state saved by this run
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
