@@ -27,6 +27,7 @@ import torch
 from cost_model import param_count
 from cost_model.flops import training_flops_per_token
 from workers import allocator
+from workers.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from workers.contract import (
     EvalPoint,
     TrainResult,
@@ -35,6 +36,7 @@ from workers.contract import (
 )
 from workers.data import Corpus, load_corpus
 from workers.model import DepthscopeLM, build_model
+from workers.store import ArtifactStore, CheckpointError, check_key
 
 log = logging.getLogger(__name__)
 
@@ -141,11 +143,22 @@ def initial_model(spec: TrainSpec) -> DepthscopeLM:
     return build_model(spec.arch)
 
 
-def train_batches(corpus: Corpus, spec: TrainSpec) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def batch_generator(spec: TrainSpec) -> torch.Generator:
+    """The CPU generator the training batches of `spec` are drawn with, seeded by `spec.seed`
+    (its state after k batches is what a checkpoint at step k keeps)."""
+    return torch.Generator().manual_seed(spec.seed)
+
+
+def train_batches(
+    corpus: Corpus, spec: TrainSpec, generator: torch.Generator | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The training batches of `spec`, in order, without end: `corpus.batch` from a CPU
     generator of their own seeded by `spec.seed`, so they depend on the corpus, the seed, the
-    batch size and the sequence length only (never on the model or its variant)."""
-    gen = torch.Generator().manual_seed(spec.seed)
+    batch size and the sequence length only (never on the model or its variant).
+
+    `generator`: draw with this one instead (`batch_generator(spec)`, perhaps set to a
+    checkpoint's state: the stream then goes on exactly where that run's was)."""
+    gen = generator if generator is not None else batch_generator(spec)
     while True:
         yield corpus.batch("train", spec.batch_size, spec.arch.seq_len, gen)
 
@@ -206,7 +219,14 @@ def training_run(
 ) -> Generator[EvalPoint, bool, TrainResult]:
     """The training loop as a generator: yields every `EvalPoint` and receives whether to stop
     (`run.send(True)`); returns the `TrainResult` (as StopIteration's value). `train` drives
-    it with a callback; the Ray task streams its points."""
+    it with a callback; the Ray task streams its points.
+
+    A segment (`TrainSpec.start_step`, `stop_step`) loads its checkpoint before any training
+    (a bad one is a `CheckpointError`), trains the main line from start_step to stop_step
+    exactly as the straight-through run trains those steps (schedule over the whole run,
+    evaluations at its cadence, the same batches), and, stopping before the end, saves the
+    main line's state and then trains and evaluates a decay branch (`decay_branch`): that
+    loss is the segment's final one, and is not streamed."""
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     corpus = corpus or load_corpus(spec.corpus, val_fraction=spec.val_fraction)
@@ -224,14 +244,20 @@ def training_run(
             f"buys {spec.planned_tokens()} tokens, fewer than one step of "
             f"{spec.tokens_per_step} (batch_size × seq_len)",
         )
+    stop_at = steps if spec.stop_step is None else spec.stop_step  # the main line's last step
+    store = _segment_store(spec, stop_at < steps)
     device = resolve_device(spec.device)
     allocator.for_training()  # every step reuses the pages of the one before
     allocator.release()  # and this run's peak memory is its own
     model = initial_model(spec).to(device)
     params = int(param_count(cfg).total)
-    step_model: Any = torch.compile(model) if spec.compile else model
     opt = make_optimizer(model, spec)
-    batches = train_batches(corpus, spec)
+    generator = batch_generator(spec)
+    if spec.start_step > 0:
+        assert store is not None and spec.checkpoint_in is not None  # TrainSpec checks it
+        resume(spec, store, spec.checkpoint_in, model, opt, generator)
+    step_model: Any = torch.compile(model) if spec.compile else model
+    batches = train_batches(corpus, spec, generator)
     eval_batches = corpus.eval_batches(spec.batch_size, cfg.seq_len, spec.eval_batches)
     interval = spec.eval_interval or max(1, steps // spec.n_evals)
     flops_per_token = float(training_flops_per_token(cfg, causal=True))
@@ -241,30 +267,20 @@ def training_run(
     peak_rss = _rss_bytes()
 
     curve: list[EvalPoint] = []
-    status, reason = "completed", f"trained {steps} steps"
+    status, reason = "completed", _trained(spec, steps, stop_at)
     train_loss = float("nan")
-    done = 0
+    done = spec.start_step
     eval_time = 0.0
     start = time.perf_counter()
     model.train()
-    for step in range(steps):
+    for step in range(spec.start_step, stop_at):
         set_learning_rates(opt, spec, step, steps)
-        x, y = next(batches)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with _autocast(device):
-            _, loss = step_model(x, y)
-        train_loss = loss.item()
-        if not math.isfinite(train_loss) or train_loss > explode_at:
-            status = "diverged"
-            reason = f"training loss {train_loss:.4g} at step {step} (limit {explode_at:.3g})"
+        train_loss, failure = optimizer_step(
+            step_model, model, opt, next(batches), spec, explode_at, f"step {step}"
+        )
+        if failure is not None:
+            status, reason = "diverged", failure
             break
-        loss.backward()
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip))
-        if not math.isfinite(grad_norm):
-            status, reason = "diverged", f"gradient norm {grad_norm} at step {step}"
-            break
-        opt.step()
-        opt.zero_grad(set_to_none=True)
         done = step + 1
         if on_step is not None:
             on_step(done, steps, train_loss)
@@ -290,18 +306,43 @@ def training_run(
             if stop and done < steps:
                 status, reason = "stopped", f"stopped by the callback after step {done}"
                 break
+
+    final_val = curve[-1].val_loss if curve else float("nan")
+    branch, checkpoint = 0, None
+    if status == "completed" and done < steps:  # a segment's stop: save, then decay
+        assert store is not None and spec.checkpoint_out is not None  # TrainSpec checks it
+        state = Checkpoint(
+            step=done,
+            fingerprint=spec.fingerprint(),
+            model=model.state_dict(),
+            optimizer=opt.state_dict(),
+            batch_generator=generator.get_state(),
+        )
+        save_checkpoint(store, spec.checkpoint_out, state, spec.max_checkpoint_bytes)
+        checkpoint = spec.checkpoint_out
+        branch, train_loss, failure = decay_branch(
+            spec, step_model, model, opt, batches, done, steps, explode_at
+        )
+        if failure is None:
+            eval_start = time.perf_counter()
+            final_val = evaluate(step_model, eval_batches, device)
+            eval_time += time.perf_counter() - eval_start
+            if not math.isfinite(final_val) or final_val > explode_at:
+                failure = f"validation loss {final_val:.4g} after the decay branch at step {done}"
+        if failure is not None:
+            status, reason = "diverged", failure
     wall = time.perf_counter() - start
     if device.type == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     else:
         peak, kind = max(peak_rss, _rss_bytes()), "cpu_peak_rss"
-    tokens_seen = done * spec.tokens_per_step
-    vals = [p.val_loss for p in curve if math.isfinite(p.val_loss)]
+    tokens_seen = (done - spec.start_step + branch) * spec.tokens_per_step
+    vals = [v for v in [*(p.val_loss for p in curve), final_val] if math.isfinite(v)]
     log.info("%s: %s (%d steps, %.1fs)", cfg.variant, reason, done, wall)
     return TrainResult(
         status=status,
         reason=reason,
-        final_val_loss=curve[-1].val_loss if curve else float("nan"),
+        final_val_loss=final_val,
         best_val_loss=min(vals) if vals else float("nan"),
         final_train_loss=train_loss,
         curve=curve,
@@ -317,4 +358,113 @@ def training_run(
         device=str(device),
         params=params,
         corpus=corpus.info.as_dict(),
+        start_step=spec.start_step,
+        branch_steps=branch,
+        checkpoint=checkpoint,
     )
+
+
+def optimizer_step(
+    step_model: Any,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    spec: TrainSpec,
+    explode_at: float,
+    where: str,
+) -> tuple[float, str | None]:
+    """One training step on `batch` at the learning rates already set: forward, backward,
+    gradient clipping, AdamW. Returns the training loss and, when the step diverged (a loss
+    that is NaN or above `explode_at`, a non-finite gradient norm; no update then), why."""
+    device = next(model.parameters()).device
+    x, y = (t.to(device, non_blocking=True) for t in batch)
+    with _autocast(device):
+        _, loss = step_model(x, y)
+    train_loss = float(loss.item())
+    if not math.isfinite(train_loss) or train_loss > explode_at:
+        return train_loss, f"training loss {train_loss:.4g} at {where} (limit {explode_at:.3g})"
+    loss.backward()
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), spec.grad_clip))
+    if not math.isfinite(grad_norm):
+        return train_loss, f"gradient norm {grad_norm} at {where}"
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return train_loss, None
+
+
+def decay_branch(
+    spec: TrainSpec,
+    step_model: Any,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    batches: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    stop: int,
+    total: int,
+    explode_at: float,
+) -> tuple[int, float, str | None]:
+    """The decay branch after the main line's step `stop` (of `total`): `spec.branch_steps()`
+    = D steps on the batches that follow in the run's stream, step j's learning rate going
+    linearly from the main line's next one, lr_at(spec, stop, total), to the floor
+    min_lr_ratio · lr: base + (floor − base)·(j + 1)/D (times each group's `lr_mult`).
+    Returns the steps trained, the last training loss and, if it diverged, why."""
+    n = spec.branch_steps()
+    base, floor = lr_at(spec, stop, total), spec.min_lr_ratio * spec.lr
+    train_loss = float("nan")
+    for j in range(n):
+        lr = base + (floor - base) * (j + 1) / n
+        for group in opt.param_groups:
+            group["lr"] = lr * group["lr_mult"]
+        where = f"step {j} of the decay branch after step {stop}"
+        train_loss, failure = optimizer_step(
+            step_model, model, opt, next(batches), spec, explode_at, where
+        )
+        if failure is not None:
+            return j, train_loss, failure
+    return n, train_loss, None
+
+
+def resume(
+    spec: TrainSpec,
+    store: ArtifactStore,
+    key: str,
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    generator: torch.Generator,
+) -> None:
+    """Set `model`, `opt` and the batch `generator` to the main line's state at
+    `spec.start_step` from the checkpoint `key`; `CheckpointError` when it is not that state
+    (`load_checkpoint`) or does not fit this model and optimizer."""
+    state = load_checkpoint(
+        store, key, spec.fingerprint(), spec.start_step, spec.max_checkpoint_bytes
+    )
+    try:
+        model.load_state_dict(state.model)
+        opt.load_state_dict(state.optimizer)
+        generator.set_state(state.batch_generator)
+    except (RuntimeError, ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError("checkpoint", f"{key} does not fit this run: {exc}") from exc
+
+
+def _segment_store(spec: TrainSpec, saves: bool) -> ArtifactStore | None:
+    """The artifact store of a segment (None straight through), its keys checked and, when
+    this run will save a checkpoint, the store checked writable: before any training."""
+    if spec.start_step == 0 and not saves:
+        return None
+    assert spec.artifact_store is not None  # TrainSpec checks it
+    store = ArtifactStore(spec.artifact_store)
+    for key in (spec.checkpoint_in if spec.start_step > 0 else None, spec.checkpoint_out):
+        if key is not None:
+            check_key(key)
+    if saves:
+        store.check()
+    return store
+
+
+def _trained(spec: TrainSpec, steps: int, stop_at: int) -> str:
+    """The reason of a completed run."""
+    if spec.start_step == 0 and stop_at == steps:
+        return f"trained {steps} steps"
+    text = f"trained steps {spec.start_step + 1} to {stop_at} of {steps}"
+    if stop_at < steps:
+        text += f", then a decay branch of {spec.branch_steps()} steps"
+    return text
