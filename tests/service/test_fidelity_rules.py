@@ -102,8 +102,8 @@ def test_asha_puts_every_trial_in_bracket_0() -> None:
 def test_every_window_of_one_cycle_holds_hyperband_s_shares(
     brackets: int, reduction: float
 ) -> None:
-    ladder = Ladder(rungs=tuple((i + 1) / 8 for i in range(8)), reduction=reduction,
-                    brackets=brackets)  # fmt: skip
+    eight = tuple((i + 1) / 8 for i in range(8))
+    ladder = Ladder(rungs=eight, reduction=reduction, brackets=brackets)
     sizes = bracket_sizes(brackets, reduction)
     cycle = sum(sizes)
     seq = [bracket_of(n, ladder) for n in range(3 * cycle)]

@@ -32,6 +32,7 @@ from tests.service.hostile import (
     GOOD,
     INF,
     NAN,
+    ROOT,
     _yaml,
     assert_refused,
     refusal,
@@ -234,6 +235,116 @@ TRAINING_PARSE_CASES = [
     ),
 ]
 PARSE_CASES += TRAINING_PARSE_CASES
+#: A multi-fidelity section that passes (under the WSD schedule), and its hostile variants.
+FIDELITY = {"rungs": [0.111, 0.333, 1.0], "reduction": 3, "brackets": 1}
+WSD = ("training.schedule", "wsd")
+FIDELITY_PARSE_CASES = [
+    (
+        "rungs-not-increasing",
+        with_(("fidelity", FIDELITY | {"rungs": [0.5, 0.3, 1.0]}), WSD),
+        "fidelity.rungs",
+        "strictly increasing: rung 1 (0.3) is not above rung 0 (0.5)",
+    ),
+    (
+        "rung-over-1",
+        with_(("fidelity", FIDELITY | {"rungs": [0.5, 1.5, 1.0]}), WSD),
+        "fidelity.rungs",
+        "rung 1 (1.5) is outside (0, 1]",
+    ),
+    (
+        "rung-zero",
+        with_(("fidelity", FIDELITY | {"rungs": [0, 1.0]}), WSD),
+        "fidelity.rungs",
+        "rung 0 (0) is outside (0, 1]",
+    ),
+    (
+        "last-rung-not-1",
+        with_(("fidelity", FIDELITY | {"rungs": [0.25, 0.5]}), WSD),
+        "fidelity.rungs",
+        "the last rung must be 1",
+    ),
+    (
+        "one-rung",
+        with_(("fidelity", FIDELITY | {"rungs": [1.0]}), WSD),
+        "fidelity.rungs",
+        "at least 2",
+    ),
+    (
+        "rungs-many",
+        with_(("fidelity", FIDELITY | {"rungs": [i / 1000 for i in range(1, 1001)]}), WSD),
+        "fidelity.rungs",
+        "at most 8",
+    ),
+    (
+        "rung-nan",
+        with_(("fidelity", FIDELITY | {"rungs": [NAN, 1.0]}), WSD),
+        "fidelity.rungs",
+        "finite",
+    ),
+    (
+        "reduction-1",
+        with_(("fidelity", FIDELITY | {"reduction": 1}), WSD),
+        "fidelity.reduction",
+        "greater than 1",
+    ),
+    (
+        "reduction-huge",
+        with_(("fidelity", FIDELITY | {"reduction": 1e9}), WSD),
+        "fidelity.reduction",
+        "less than or equal to 100",
+    ),
+    (
+        "brackets-over-rungs",
+        with_(("fidelity", FIDELITY | {"brackets": 4}), WSD),
+        "fidelity.brackets",
+        "4 brackets, more than the 3 rungs",
+    ),
+    (
+        "checkpoint-under-cosine",
+        with_(("fidelity", FIDELITY | {"reuse": "checkpoint"}), ("training.schedule", "cosine")),
+        "fidelity.reuse",
+        "continuing from a checkpoint is exact only under the WSD schedule: set "
+        "training.schedule: wsd, or reuse: retrain",
+    ),
+    (
+        "rung-in-the-decay-phase",
+        with_(("fidelity", FIDELITY | {"rungs": [0.5, 0.9, 1.0]}), WSD),
+        "fidelity.rungs",
+        "rung 1 (0.9) lies in the decay phase (after 1 − decay_frac = 0.8)",
+    ),
+    (
+        "rung-in-a-longer-decay-phase",
+        with_(("fidelity", FIDELITY), WSD, ("training.decay_frac", 0.7)),
+        "fidelity.rungs",
+        "rung 1 (0.333) lies in the decay phase",
+    ),
+    (
+        "median-pruner-with-fidelity",
+        with_(("fidelity", FIDELITY), WSD, ("pruner", "median")),
+        "pruner",
+        "median does not combine with fidelity",
+    ),
+    (
+        "pareto-pruner-with-fidelity",
+        with_(("fidelity", FIDELITY), WSD, ("pruner", "pareto")),
+        "pruner",
+        "pareto does not combine with fidelity",
+    ),
+    (
+        "artifact-store-from-a-job",
+        with_(("fidelity", FIDELITY | {"artifact_store": "s3://elsewhere/x"}), WSD),
+        "fidelity.artifact_store",
+        "Extra inputs are not permitted",
+    ),
+    ("decay-frac-1", with_(("training.decay_frac", 1)), "training.decay_frac", "less than 1"),
+    (
+        "decay-frac-bool",
+        with_(("training.decay_frac", True)),
+        "training.decay_frac",
+        "must be a number, not true",
+    ),
+]
+PARSE_CASES += FIDELITY_PARSE_CASES
 
 
 @pytest.mark.parametrize(
@@ -474,6 +585,52 @@ TRAINING_CHECK_CASES = [
     ),
 ]
 CHECK_CASES += TRAINING_CHECK_CASES
+#: Multi-fidelity against the settings: a first rung below one optimizer step of the
+#: candidate with the fewest tokens, an artifact store that cannot be written (the folder is
+#: a file, or lies under one: nothing can ever be created there, whoever runs the tests).
+FIDELITY_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
+    (
+        "first-rung-under-one-step-flops",
+        with_(("fidelity", FIDELITY | {"rungs": [0.001, 1.0]}), WSD),
+        {},
+        "fidelity.rungs",
+        "the first rung, 0.001 of the budget, is 129 tokens of the candidate with the fewest "
+        "(129637), fewer than one optimizer step (512 = batch_size × seq_len)",
+    ),
+    (
+        "first-rung-under-one-step-tokens",
+        with_(
+            ("fidelity", FIDELITY | {"rungs": [0.01, 1.0], "reuse": "retrain"}),
+            ("budget", {"tokens": [20_000, 10**6]}),
+        ),
+        {},
+        "fidelity.rungs",
+        "is 200 tokens of the candidate with the fewest (20000), fewer than one optimizer "
+        "step (512",
+    ),
+    (
+        "artifact-store-is-a-file",
+        with_(("fidelity", FIDELITY), WSD),
+        {"artifact_store": "/dev/null"},
+        "fidelity",
+        "the operator's artifact store folder is not writable",
+    ),
+    (
+        "artifact-store-under-a-file",
+        with_(("fidelity", FIDELITY), WSD),
+        {"artifact_store": str(ROOT / "pyproject.toml" / "artifacts")},
+        "fidelity",
+        "the operator's artifact store folder is not writable",
+    ),
+    (
+        "artifact-store-unknown-protocol",
+        with_(("fidelity", FIDELITY | {"reuse": "retrain"})),
+        {"artifact_store": "nope://bucket/prefix"},
+        "fidelity",
+        "the operator's artifact store (nope) is not usable",
+    ),
+]
+CHECK_CASES += FIDELITY_CHECK_CASES
 
 
 @pytest.mark.parametrize(
@@ -490,11 +647,14 @@ def test_hostile_spec_is_refused_by_check_job(
     assert elapsed < 0.5, f"took {elapsed:.2f} s"
 
 
-#: The training rows again over HTTP: the API's JSON reader refuses a NUL in a key on the
-#: mapping holding it and a non-finite number on the element itself (`training.lr.1`).
-HTTP_CASES: list[tuple[str, Any, dict[str, Any], str, str]] = [
-    (c[0], c[1], {}, *c[2:]) for c in TRAINING_PARSE_CASES if c[0] != "tune-key-escaped"
-] + TRAINING_CHECK_CASES
+#: The training and fidelity rows again over HTTP: the API's JSON reader refuses a NUL in a key
+#: on the mapping holding it and a non-finite number on the element itself (`training.lr.1`).
+HTTP_CASES: list[tuple[str, Any, dict[str, Any], str, str]] = (
+    [(c[0], c[1], {}, *c[2:]) for c in TRAINING_PARSE_CASES if c[0] != "tune-key-escaped"]
+    + TRAINING_CHECK_CASES
+    + [(c[0], c[1], {}, *c[2:]) for c in FIDELITY_PARSE_CASES]
+    + FIDELITY_CHECK_CASES
+)
 
 
 @pytest.fixture(scope="module")
@@ -523,7 +683,7 @@ def clients(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., 
     [case[1:] for case in HTTP_CASES],
     ids=[case[0] for case in HTTP_CASES],
 )
-def test_a_hostile_training_axis_is_refused_over_http_and_nothing_is_stored(
+def test_a_hostile_training_axis_or_fidelity_is_refused_over_http_and_nothing_is_stored(
     clients: Callable[..., TestClient],
     data: Any,
     settings: dict[str, Any],
@@ -574,3 +734,21 @@ def test_spec_error_survives_pickling() -> None:
     err = SpecError([("space.n_layers", "100000 is over the limit of 512"), ("seeds", "x")])
     back = pickle.loads(pickle.dumps(err))
     assert back.errors == err.errors and back.field == "space.n_layers" and str(back) == str(err)
+
+
+def test_the_artifact_store_s_url_is_never_shown() -> None:
+    """The operator's store URL may hold credentials: a refusal names only its kind."""
+    spec = parse_spec(with_(("fidelity", FIDELITY), WSD))
+    for url, kind in (
+        ("nope://AKIAKEY:s3cr3t@bucket.example/prefix", "(nope)"),
+        ("simplecache::nope://AKIAKEY:s3cr3t@bucket.example/prefix", "(simplecache::nope)"),
+        (str(ROOT / "pyproject.toml" / "s3cr3t"), "folder"),
+    ):
+        errors, _ = refusal(check_job, spec, get_settings(artifact_store=url))
+        assert_refused(errors, "fidelity", f"the operator's artifact store {kind}")
+        text = str(errors)
+        assert "s3cr3t" not in text and "AKIAKEY" not in text and "bucket" not in text, text
+
+
+def test_a_job_without_fidelity_never_looks_at_the_artifact_store() -> None:
+    assert check_job(parse_spec(GOOD), get_settings(artifact_store="/dev/null"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from cost_model import ArchConfig, param_count
 from nas_service.settings import ClusterSettings, get_settings
@@ -238,3 +239,42 @@ def test_several_budgets_become_a_searched_axis() -> None:
     assert priced.train_spec is not None and priced.train_spec.budget_flops == 4e12
     with pytest.raises(SpecError, match="duplicate"):
         parse_spec(GOOD | {"budget": {"flops": [1e12, 1e12]}})
+
+
+# -- multi-fidelity -----------------------------------------------------------------------------
+FIDELITY = {"rungs": [0.111, 0.333, 1.0], "reduction": 3, "brackets": 2}
+
+
+def test_a_wsd_spec_with_fidelity_parses_and_passes_check_job(tmp_path: Path) -> None:
+    data = with_("fidelity", FIDELITY)
+    data["training"] |= {"schedule": "wsd", "decay_frac": 0.3}
+    spec = parse_spec(data)
+    assert spec.fidelity is not None
+    assert spec.fidelity.rungs == [0.111, 0.333, 1.0]
+    assert (spec.fidelity.reduction, spec.fidelity.brackets) == (3.0, 2)
+    assert spec.fidelity.reuse == "checkpoint"  # the default
+    store = tmp_path / "store"
+    assert len(check_job(spec, get_settings(artifact_store=str(store)))) == space_size(spec)
+    assert list(store.rglob("*")) == []  # the probe was cleaned up
+    with pytest.raises(ValidationError):  # frozen, like every part of a spec
+        spec.fidelity.brackets = 3
+
+
+def test_retrain_needs_no_wsd_and_no_checkpoint_in_the_stable_phase() -> None:
+    spec = parse_spec(with_("fidelity", FIDELITY | {"rungs": [0.5, 0.95, 1.0], "reuse": "retrain"}))
+    assert spec.training.schedule == "cosine"
+    assert spec.fidelity is not None and spec.fidelity.reuse == "retrain"
+    assert parse_spec(GOOD).fidelity is None  # a job without the section trains full budgets
+
+
+def test_decay_frac_reaches_the_train_spec() -> None:
+    from nas_service.search import price_candidate
+
+    data = with_("training.schedule", "wsd")
+    data["training"]["decay_frac"] = 0.35
+    params = {"residual": "baseline", "n_layers": 2, "d_model": 64}
+    priced = price_candidate(parse_spec(data), params)
+    assert priced.train_spec is not None
+    assert (priced.train_spec.schedule, priced.train_spec.decay_frac) == ("wsd", 0.35)
+    default = price_candidate(parse_spec(GOOD), params).train_spec
+    assert default is not None and default.decay_frac == 0.2
