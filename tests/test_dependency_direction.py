@@ -104,6 +104,8 @@ def test_the_contract_imports_nothing_heavy() -> None:
     assert imported_modules(ROOT / "workers" / "contract.py") <= {
         "__future__",
         "dataclasses",
+        "hashlib",
+        "json",
         "math",
         "typing",
         "cost_model",
