@@ -37,11 +37,20 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.backend import Backend
 from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.failures import describe
+from nas_service.rungs import (
+    ATTR_RUNGS,
+    ATTR_WAITING,
+    checkpoint_key,
+    n_rungs,
+    rung_spec,
+    trial_prefix,
+)
 from nas_service.search import (
     ATTR_CURVE,
     ATTR_OUTCOME,
@@ -57,6 +66,7 @@ from nas_service.search import (
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
 from workers.contract import EvalPoint, TrainResult
+from workers.store import ArtifactStore
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +106,10 @@ class Flight:
     runs: list[Run] = field(default_factory=list)
     given_up: set[int] = field(default_factory=set)  # settings a diverged run ended
     next_run_id: int | None = None  # the next run's row, opened before this one's is closed
+    rung: int = 0  # the rung trained (multi-fidelity; 0 without: the one and last rung)
+    first: int = 0  # the trial's first rung (its Hyperband bracket)
+    earlier: list[dict[str, Any]] = field(default_factory=list)  # `train` of earlier rungs
+    records: list[dict[str, Any]] = field(default_factory=list)  # `rungs` of earlier rungs
 
     @property
     def plan(self) -> list[tuple[int, int]]:
@@ -123,10 +137,21 @@ class Flight:
             None,
         )
 
+    @property
+    def last_rung(self) -> bool:
+        return self.rung == n_rungs(self.spec) - 1
+
     def summaries(self) -> list[dict[str, Any]]:
-        """The `train` attribute: every finished run's summary, its seed and setting."""
-        return [
-            train_summary(r.result) | {"seed": r.seed, "setting": self.settings[r.setting]}
+        """The `train` attribute: every finished run's summary (earlier rungs' first), its
+        seed, setting, rung and evaluation curve."""
+        return self.earlier + [
+            train_summary(r.result)
+            | {
+                "seed": r.seed,
+                "setting": self.settings[r.setting],
+                "rung": self.rung,
+                "curve": curve_rows(r.result.curve),
+            }
             for r in self.runs
         ]
 
@@ -215,9 +240,23 @@ class TrialOutcomes:
         and seed."""
         assert flight.priced.train_spec is not None
         setting = flight.settings[flight.setting]
-        spec = flight.priced.train_spec.replace(**setting, seed=flight.seed)
+        base = flight.priced.train_spec.replace(**setting, seed=flight.seed)
+        number, s, k = flight.trial.number, flight.setting, flight.seed
+
+        def key(rung: int) -> str:
+            return checkpoint_key(flight.job_id, number, s, k, rung)
+
+        run = rung_spec(
+            base,
+            flight.spec,
+            flight.rung,
+            flight.first,
+            key,
+            self.settings.artifact_store,
+            self.settings.max_checkpoint_bytes,
+        )
         flight.points = []
-        flight.gen = self.backend.launch(spec)
+        flight.gen = self.backend.launch(run)
 
     # -- outcomes ------------------------------------------------------------------------
     def _tell(
@@ -240,8 +279,28 @@ class TrialOutcomes:
                 run.state, run.reason = state, reason
                 run.finished_at = dt.datetime.now(dt.UTC)
 
+    def _touch_run(
+        self, job_id: str, number: int, reason: str, state: RunState = RunState.PRUNED
+    ) -> None:
+        """A waiting trial (no run open) was told: its last run row says so, so a reader of
+        the job's rows (`nas_service.results`) sees the change."""
+        with self.Session.begin() as s:
+            run = s.scalars(
+                select(TrialRun)
+                .where(TrialRun.job_id == job_id, TrialRun.trial_number == number)
+                .order_by(TrialRun.id.desc())
+                .limit(1)
+            ).first()
+            if run is not None:
+                run.state, run.reason = state, reason
+                run.finished_at = dt.datetime.now(dt.UTC)
+
     def _finish_run(self, flight: Flight, state: RunState, reason: str) -> None:
+        """The flight's trial was told: its run row closed, the flight dropped, its
+        checkpoints (multi-fidelity) deleted."""
         self._close_run(flight.run_id, state, reason)
+        if flight.spec.fidelity is not None:
+            self.forget_checkpoints(flight.job_id, flight.trial.number)
         if flight.next_run_id is not None:  # opened for a run that will never start
             self._drop_run(flight.next_run_id)
             flight.next_run_id = None
@@ -253,6 +312,8 @@ class TrialOutcomes:
             flight.points.append(point)
         if flight.seed != 0 or flight.tuned or flight.spec.pruner == "none":
             return  # see the module's docstring
+        if flight.spec.fidelity is not None:
+            return  # the rungs decide which candidates go on
         trial, spec = flight.trial, flight.spec
         reason = None
         if not spec.multi_objective:
@@ -332,8 +393,66 @@ class TrialOutcomes:
             ATTR_SETTINGS: table,
             ATTR_SEEDS: stats | {"values": losses},
         }
+        if flight.spec.fidelity is not None:
+            assert flight.priced.train_spec is not None
+            per_step = flight.priced.train_spec.tokens_per_step
+            record = {
+                "rung": flight.rung,
+                "fraction": float(flight.spec.fidelity.rungs[flight.rung]),
+                "loss": stats["mean"],
+                "values": values,
+                "steps": first.result.steps,
+                "tokens": first.result.steps * per_step,
+                "given_up": sorted(flight.given_up),
+                "promoted": False,
+            }
+            attrs[ATTR_RUNGS] = [*flight.records, record]
+            if not flight.last_rung:
+                self._pause(flight, attrs, stats["mean"])
+                return
         self._tell(flight.study, trial, TrialOutcome.COMPLETED, "", values=values, attrs=attrs)
         self._finish_run(flight, RunState.COMPLETED, "")
+
+    def _pause(self, flight: Flight, attrs: dict[str, Any], loss: float) -> None:
+        """A rung below the last is done: the trial keeps its record and waits for promotion
+        (`nas_service.rungs`). Its attributes first, the rung it waits at last (so a reader
+        that sees it waiting sees its record), then its run row closed; the previous rung's
+        checkpoints are dropped (this rung's replace them)."""
+        trial, rung = flight.trial, flight.rung
+        for key, value in attrs.items():
+            trial.set_user_attr(key, value)
+        if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
+            trial.report(loss, rung)
+        trial.set_user_attr(ATTR_WAITING, rung)
+        waiting = f"rung {rung + 1} of {n_rungs(flight.spec)}: waiting for promotion"
+        self._close_run(flight.run_id, RunState.COMPLETED, waiting)
+        if flight.next_run_id is not None:
+            self._drop_run(flight.next_run_id)
+            flight.next_run_id = None
+        if flight in self.flights:
+            self.flights.remove(flight)
+        if rung > flight.first:
+            for s, k in flight.plan:
+                self._delete_artifact(checkpoint_key(flight.job_id, trial.number, s, k, rung - 1))
+
+    def _artifacts(self) -> ArtifactStore:
+        store: ArtifactStore | None = getattr(self, "_store", None)
+        if store is None:
+            store = self._store = ArtifactStore(self.settings.artifact_store)
+        return store
+
+    def _delete_artifact(self, key: str, prefix: bool = False) -> None:
+        """Delete a checkpoint (or every one under a prefix); a store that fails is logged,
+        never a fault of the trial (the checkpoints stay until the job's are deleted)."""
+        try:
+            store = self._artifacts()
+            store.delete_prefix(key) if prefix else store.delete(key)
+        except Exception as exc:
+            log.warning("could not delete the checkpoints %s: %s", key, describe(exc))
+
+    def forget_checkpoints(self, job_id: str, number: int | None = None) -> None:
+        """Delete a told trial's checkpoints (or, without a number, the job's)."""
+        self._delete_artifact(trial_prefix(job_id, number) if number is not None else job_id, True)
 
     def _next_run(self, flight: Flight, following: int, train: list[dict[str, Any]]) -> None:
         """Record the finished run and start run `following` of the plan: the `train`

@@ -28,7 +28,8 @@ from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from nas_service.db import EventKind, Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
 from nas_service.outcomes import conclude
-from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON
+from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
+from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,10 @@ def recover_job(
     requeued, poisoned = 0, []
     if job.status == JobStatus.RUNNING:
         retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in study.get_trials(deepcopy=False)}
+        for t in [t for t in left if records(t)]:  # multi-fidelity: back to its last rung
+            if _resume(study, t, sessions, job.id, max_suspect):
+                poisoned.append(t.number)
+        left = [t for t in left if not records(t)]
         for t in left:
             with sessions() as s:
                 suspect = 0 if _progress_since(s, t.datetime_start) else _suspect(t) + 1
@@ -162,6 +167,51 @@ def recover_job(
             None,
         )
     return requeued
+
+
+def _resume(
+    study: optuna.Study,
+    t: FrozenTrial,
+    sessions: sessionmaker[Session],
+    job_id: str,
+    max_suspect: int,
+) -> bool:
+    """A multi-fidelity trial left running with rungs done (`nas_service.rungs`): one that
+    was training a rung when the runner stopped waits again at the last rung it finished (its
+    runs of the lost rung dropped from `train`), so the promotion rule promotes it again and
+    it resumes from that rung's checkpoints; one waiting already stays as it is. A trial the
+    runner stopped in `max_suspect` times in a row, with no other trial finishing in between,
+    is failed as poisoned (True)."""
+    recs = records(t)
+    last = recs[-1]
+    waiting = t.user_attrs.get(ATTR_WAITING) == last.get("rung") and not last.get("promoted")
+    with sessions() as s:
+        started = s.scalar(
+            select(func.max(TrialRun.started_at)).where(
+                TrialRun.job_id == job_id,
+                TrialRun.trial_number == t.number,
+                TrialRun.state == RunState.RUNNING,
+            )
+        )
+        if waiting and started is None:
+            return False
+        suspect = 0 if _progress_since(s, started) else _suspect(t) + 1
+    if suspect >= max_suspect:
+        reason = (
+            f"poisoned: the runner stopped {suspect} times in a row while this "
+            "candidate ran, with no other trial finishing in between"
+        )
+        conclude(study, t, TrialOutcome.FAILED, reason, TrialState.FAIL)
+        return True
+    rung = int(last.get("rung", 0))
+    train = t.user_attrs.get(ATTR_TRAIN, [])
+    kept = [r for r in train if isinstance(r, dict) and int(r.get("rung", 0)) <= rung]
+    storage, tid = study._storage, t._trial_id
+    storage.set_trial_user_attr(tid, ATTR_SUSPECT, suspect)
+    storage.set_trial_user_attr(tid, ATTR_TRAIN, kept)
+    storage.set_trial_user_attr(tid, ATTR_RUNGS, [*recs[:-1], last | {"promoted": False}])
+    storage.set_trial_user_attr(tid, ATTR_WAITING, rung)
+    return False
 
 
 def _suspect(t: FrozenTrial) -> int:

@@ -53,12 +53,22 @@ from nas_service.db import (
 from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
 from nas_service.lease import Lease, LeaseLost
-from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes
+from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
 from nas_service.recovery import jobs_to_recover, record_event, recover_job
+from nas_service.rungs import (
+    ATTR_RUNGS,
+    ATTR_WAITING,
+    Ladder,
+    Waiting,
+    leftover_reason,
+    n_rungs,
+    records,
+)
 from nas_service.search import (
     ATTR_ARCH,
     ATTR_COSTS,
     ATTR_LOST,
+    ATTR_TRAIN,
     load_study,
     price_candidate,
     suggest,
@@ -252,9 +262,10 @@ class Runner(TrialOutcomes):
         """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
         with self.Session() as s:
             jobs = [j for j in active_jobs(s) if j.spec.get("cluster") == self.cluster]
-            cancelled = set(s.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLED))) & {
-                f.job_id for f in self.flights
-            }
+            waiting = {j for j, a in self.jobs.items() if a.spec.fidelity is not None}
+            cancelled = set(s.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLED))) & (
+                {f.job_id for f in self.flights} | waiting
+            )
         for job_id in cancelled:
             self._cancel_flights(job_id, TrialOutcome.CANCELLED, "job cancelled")
         for job in jobs:
@@ -280,21 +291,127 @@ class Runner(TrialOutcomes):
                 )
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
-        while done + len(mine) < spec.n_trials and len(mine) < spec.max_concurrent:
+        ladder = self._ladder(active, mine)
+        waiting = len(ladder.waiting) if ladder is not None else 0
+        while len(mine) < spec.max_concurrent:
             if self.errors[job.id] >= self.settings.max_job_errors:
                 return
+            promotion = ladder.next_promotion(n_rungs(spec) - 1) if ladder is not None else None
+            if ladder is not None and promotion is not None:
+                ladder.promote(promotion)
+                waiting -= 1
+                flight = self._promote(job.id, active, promotion)
+                if flight is None:
+                    done += 1
+                else:
+                    mine.append(flight)
+                continue
+            if done + len(mine) + waiting >= spec.n_trials:
+                break
             flight = self._ask(job.id, active)
             if flight is None:
                 done += 1
             else:
                 mine.append(flight)
-        if done >= spec.n_trials and not mine:
+        if ladder is not None and ladder.waiting:
+            done += self._stop_waiting(job.id, active, ladder, left=not mine)
+            waiting = len(ladder.waiting)
+        if done >= spec.n_trials and not mine and not waiting:
             with self.Session.begin() as s:
                 row = s.get(Job, job.id)
                 assert row is not None
                 row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
                 row.events.append(JobEvent(kind=EventKind.COMPLETED, message=f"{done} trials"))
             self.jobs.pop(job.id, None)
+            if spec.fidelity is not None:
+                self.forget_checkpoints(job.id)
+
+    # -- multi-fidelity (nas_service.rungs) ----------------------------------------------
+    def _ladder(self, active: ActiveJob, mine: list[Flight]) -> Ladder | None:
+        """The job's rungs as its trials record them (None without fidelity)."""
+        if active.spec.fidelity is None:
+            return None
+        trials = active.study.get_trials(deepcopy=False)
+        return Ladder.of(active.spec, trials, {f.trial.number for f in mine})
+
+    def _promote(self, job_id: str, active: ActiveJob, w: Waiting) -> Flight | None:
+        """Train the next rung of a waiting trial: its record marked promoted, then its
+        run row, then the run launched from the checkpoints of the rung it reached."""
+        spec, study = active.spec, active.study
+        trial = optuna.Trial(study, w.trial._trial_id)
+        number = w.trial.number
+        try:
+            recs = records(w.trial)
+            recs[-1] = recs[-1] | {"promoted": True}
+            trial.set_user_attr(ATTR_RUNGS, recs)
+            trial.set_user_attr(ATTR_WAITING, None)
+            params = dict(w.trial.params)
+            priced = price_candidate(spec, params, corpus=active.corpus)
+            if priced.train_spec is None:
+                raise RuntimeError(f"the candidate is no longer trainable: {priced.reason}")
+            settings = tune_settings(spec, params)
+            earlier = list(w.trial.user_attrs.get(ATTR_TRAIN, []))
+            run_id = self._new_run(job_id, number, params, attempt=1)
+            flight = Flight(
+                job_id,
+                spec,
+                study,
+                trial,
+                priced,
+                run_id,
+                settings=settings,
+                rung=w.rung + 1,
+                first=w.first,
+                earlier=earlier,
+                records=recs,
+                given_up=set(recs[-1].get("given_up", [])),
+            )
+            following = flight.next_index() if flight.setting in flight.given_up else 0
+            if following is None:
+                raise RuntimeError("every setting was given up at the rung before")
+            flight.index = following
+            self._launch(flight)
+        except Exception as exc:
+            if is_database_outage(exc):
+                raise
+            reason = f"the runner could not promote this trial: {describe(exc)}"
+            self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
+            self.forget_checkpoints(job_id, number)
+            self._event(job_id, EventKind.TRIAL_FAILED, f"trial {number}: {reason}")
+            self._job_error(job_id, exc)
+            return None
+        self.flights.append(flight)
+        return flight
+
+    def _cancel_flights(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
+        """Every trial of the job in flight, and (multi-fidelity) every one waiting, told
+        `outcome`; the job's checkpoints deleted."""
+        super()._cancel_flights(job_id, outcome, reason)
+        active = self.jobs.get(job_id)
+        if active is None or active.spec.fidelity is None:
+            return
+        ladder = self._ladder(active, [])
+        assert ladder is not None
+        for w in ladder.waiting:
+            conclude(active.study, w.trial, outcome, reason, TrialState.FAIL)
+            self._touch_run(job_id, w.trial.number, reason, RunState.FAILED)
+        self.forget_checkpoints(job_id)
+        self.jobs.pop(job_id, None)
+
+    def _stop_waiting(self, job_id: str, active: ActiveJob, ladder: Ladder, left: bool) -> int:
+        """Tell pruned the waiting trials that can never be promoted, and, when the job has
+        nothing in flight and nothing left to ask (`left`), every one still waiting: no
+        result can arrive that would promote it. Returns how many were told."""
+        spec = active.spec
+        stop = ladder.hopeless(spec.n_trials)
+        if left and not stop and ladder.next_promotion(n_rungs(spec) - 1) is None:
+            stop = [(w, leftover_reason(w, ladder)) for w in ladder.waiting]
+        for w, reason in stop:
+            conclude(active.study, w.trial, TrialOutcome.PRUNED, reason, TrialState.PRUNED)
+            self._touch_run(job_id, w.trial.number, reason)
+            self.forget_checkpoints(job_id, w.trial.number)
+            ladder.waiting.remove(w)
+        return len(stop)
 
     def _check_resources(self, spec: JobSpec) -> None:
         cpus = spec.training.threads or 1

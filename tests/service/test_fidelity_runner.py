@@ -1,0 +1,203 @@
+"""Multi-fidelity jobs end to end on real components: a local Ray training the candidates on
+the built-in corpus, the Optuna study in SQLite, checkpoints in a local artifact store.
+
+A candidate promoted through every rung ends with exactly the training of a straight run
+(the same tokens, the same loss bit for bit); only the best 1/η of a rung go on; a job
+keeps no checkpoint once it is done; a corrupt checkpoint fails its trial and the job goes
+on; a runner stopped while a promoted trial trains resumes it from its rung."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from optuna.trial import FrozenTrial, TrialState
+
+from nas_service.jobs import submit
+from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
+from nas_service.runner import Runner
+from nas_service.search import ATTR_TRAIN, price_candidate
+from nas_service.spec import parse_spec
+from tests.service.jobkit import TINY, counted, setup, study_of
+from workers.train import train
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.slow,
+    pytest.mark.e2e,
+    pytest.mark.usefixtures("ray_local"),
+]
+
+STEPS = 27  # each candidate's straight run: 4 × 32 tokens a step
+FIDELITY: dict[str, Any] = TINY | {
+    "name": "fidelity",
+    "budget": {"tokens": 4 * 32 * STEPS},
+    "n_trials": 9,
+    "fidelity": {"rungs": [1 / 9, 1 / 3, 1], "reduction": 3},
+    "training": TINY["training"] | {"schedule": "wsd", "n_evals": 3},
+}
+
+
+def _store_files(store: Path) -> list[Path]:
+    return [p for p in store.rglob("*") if p.is_file()] if store.exists() else []
+
+
+def _drive(runner: Runner, between: Callable[[], bool] = lambda: False, limit: float = 300) -> None:
+    """The runner's loop, one schedule and one poll at a time, calling `between` after each
+    poll (before the next schedule: the only place promotions happen); stops when the job
+    is done or `between` returns True."""
+    assert runner.lease.try_acquire()
+    runner.backend.connect()
+    runner.recover()
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        busy = runner._schedule()
+        if not busy and not runner.flights:
+            return
+        if runner.flights:
+            runner._poll(0.2)
+        if between():
+            return
+    raise TimeoutError("the job did not finish")
+
+
+def _rung_losses(trials: list[FrozenTrial], rung: int) -> dict[int, float]:
+    return {t.number: r["loss"] for t in trials for r in records(t) if r["rung"] == rung}
+
+
+def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    job = submit(Session, settings, FIDELITY)
+    seen_checkpoints: set[Path] = set()
+
+    def watch() -> bool:
+        seen_checkpoints.update(_store_files(store))
+        return False
+
+    _drive(Runner(settings), watch)
+    study = study_of(sqlite_url, job)
+    trials = counted(study)
+    assert len(trials) == 9 and len(study.trials) == 9  # none lost, none duplicated
+    assert seen_checkpoints, "the rungs below the last wrote checkpoints"
+    assert _store_files(store) == []  # a finished job keeps none
+
+    # ASHA: every trial trained rung 0; the best ⌊9/3⌋ there (at the end) went on
+    rung0 = _rung_losses(trials, 0)
+    assert len(rung0) == 9
+    best3 = sorted(rung0, key=lambda n: (rung0[n], n))[:3]
+    promoted0 = {t.number for t in trials for r in records(t) if r["rung"] == 0 and r["promoted"]}
+    assert set(best3) <= promoted0
+    assert len(_rung_losses(trials, 1)) == len(promoted0)
+
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete, "at least one candidate reached the full budget"
+    for t in trials:
+        assert t.user_attrs.get(ATTR_WAITING) is None or t.state != TrialState.RUNNING
+        if t.state == TrialState.PRUNED:
+            assert "stopped at rung" in t.user_attrs["reason"]
+    spec = parse_spec(job.spec)
+    for t in complete:
+        assert [r["rung"] for r in records(t)] == [0, 1, 2]
+        runs = t.user_attrs[ATTR_TRAIN]
+        assert [r["rung"] for r in runs] == [0, 1, 2]
+        # the main line: 3 + 6 + 18 steps = the straight run's 27; plus a branch per rung
+        priced = price_candidate(spec, dict(t.params))
+        assert priced.train_spec is not None
+        straight = train(priced.train_spec)
+        assert runs[-1]["steps"] == straight.steps == STEPS
+        assert t.values[0] == straight.final_val_loss  # bit for bit
+        tokens = sum(r["tokens_seen"] for r in runs)
+        assert tokens > straight.tokens_seen  # the decay branches cost a little more
+
+
+def test_retrain_under_cosine_trains_each_rung_from_scratch(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    spec = FIDELITY | {
+        "fidelity": FIDELITY["fidelity"] | {"reuse": "retrain"},
+        "training": TINY["training"] | {"n_evals": 3},
+    }
+    job = submit(Session, settings, spec)
+    _drive(Runner(settings))
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 9
+    assert not store.exists() or _store_files(store) == []  # retraining keeps no checkpoint
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert complete
+    for t in complete:
+        runs = t.user_attrs[ATTR_TRAIN]
+        # every rung a run of its own share of the budget, from step 0
+        assert [r["steps"] for r in runs] == [3, 9, STEPS]
+        assert sum(r["tokens_seen"] for r in runs) == (3 + 9 + STEPS) * 4 * 32
+        priced = price_candidate(parse_spec(job.spec), dict(t.params))
+        assert priced.train_spec is not None
+        assert t.values[0] == train(priced.train_spec).final_val_loss
+
+
+def test_a_corrupt_checkpoint_fails_its_trial_and_the_job_goes_on(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    job = submit(Session, settings, FIDELITY)
+
+    def corrupt() -> bool:
+        for path in _store_files(store):
+            if not path.name.startswith(".") and ".tmp" not in path.name:
+                path.write_bytes(b"not a checkpoint")
+        return False
+
+    _drive(Runner(settings), corrupt)
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 9
+    failed = [t for t in trials if t.state == TrialState.FAIL]
+    assert failed, "every promotion read a corrupt checkpoint"
+    for t in failed:
+        assert "checkpoint" in t.user_attrs["reason"]
+        assert len(records(t)) == 1  # its rung 0 is kept
+    assert not any(t.state == TrialState.COMPLETE for t in trials)
+    assert _store_files(store) == []
+
+
+def test_a_runner_stopped_while_a_promoted_trial_trains_resumes_it(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    job = submit(Session, settings, FIDELITY)
+    first = Runner(settings)
+
+    def promoted_in_flight() -> bool:
+        return any(f.rung > 0 for f in first.flights)
+
+    _drive(first, promoted_in_flight)
+    lost = {f.trial.number for f in first.flights if f.rung > 0}
+    assert lost
+    first._abandon_flights()  # as a runner that dies: nothing told
+    first.lease.release()
+
+    _drive(Runner(settings))  # recovery, then the job to its end
+    study = study_of(sqlite_url, job)
+    trials = counted(study)
+    assert len(trials) == 9 and len(study.trials) == 9  # resumed, not re-enqueued
+    spec = parse_spec(job.spec)
+    for t in trials:
+        if t.number in lost:
+            assert len(records(t)) >= 2  # the rung it was lost in was trained again
+        if t.state == TrialState.COMPLETE:
+            priced = price_candidate(spec, dict(t.params))
+            assert priced.train_spec is not None
+            assert t.values[0] == train(priced.train_spec).final_val_loss
+        rungs = [r["rung"] for r in t.user_attrs[ATTR_TRAIN]]
+        assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))  # no rung twice
+        assert math.isfinite(t.user_attrs[ATTR_RUNGS][-1]["loss"])
+    assert _store_files(store) == []
