@@ -8,6 +8,7 @@ errors (`JobNotFound`, `NothingYet`) that the API renders."""
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import tempfile
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from nas_service.api.schemas import (
     OptimumRead,
     ParetoRead,
     Progress,
+    RungProgress,
     ScalingRead,
     SensitivityRead,
     TrialList,
@@ -46,6 +48,7 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
+from nas_service.rungs import expected_compute, rung_progress
 from nas_service.search import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 
@@ -132,7 +135,13 @@ def summarise(job: Job, results: JobResults) -> JobRead:
         if r.state == TrialStatus.COMPLETE and r.duration_s and r.train
     ]
     eta = None
-    if job.status.active and run_times:
+    fidelity = getattr(stored, "fidelity", None) is not None
+    if fidelity:  # the plan's expected compute; the ETA from the rate of compute so far
+        total *= expected_compute(stored)
+        elapsed = _elapsed_s(job)
+        if job.status.active and spent > 0 and elapsed is not None:
+            eta = max(0.0, elapsed * (total - spent) / spent)
+    elif job.status.active and run_times:
         concurrency = max(1, spec.get("max_concurrent", 1))
         eta = sum(run_times) / len(run_times) * (runs_total - runs_done) / concurrency
     return JobRead(
@@ -157,6 +166,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
             diverged=outcome.count(TrialOutcome.DIVERGED),
             runs_done=runs_done,
             runs_total=runs_total,
+            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)] if fidelity else [],
         ),
         compute=Compute(
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
@@ -164,6 +174,15 @@ def summarise(job: Job, results: JobResults) -> JobRead:
         eta_s=eta,
         spec=stored,
     )
+
+
+def _elapsed_s(job: Job) -> float | None:
+    if job.started_at is None:
+        return None
+    started = job.started_at
+    if started.tzinfo is None:
+        started = started.replace(tzinfo=dt.UTC)
+    return (dt.datetime.now(dt.UTC) - started).total_seconds()
 
 
 def new_job(job: Job) -> JobRead:

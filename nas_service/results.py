@@ -36,6 +36,7 @@ from nas_service.analysis import (
     pareto_front,
 )
 from nas_service.db import TrialOutcome, TrialRun, TrialStatus
+from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME
 from nas_service.spec.space import encode_residual
 
@@ -84,6 +85,10 @@ class TrialRow:
     settings: list[dict[str, Any]] = field(default_factory=list)
     #: the chosen setting's final validation loss per seed, in seed order
     seeds: list[float | None] = field(default_factory=list)
+    #: multi-fidelity: every rung trained ({rung, fraction, loss, promoted, ...}), and the
+    #: rung the trial waits at for promotion (None: training, or done)
+    rungs: list[dict[str, Any]] = field(default_factory=list)
+    waiting: int | None = None
 
     def __post_init__(self) -> None:
         self.state = TrialStatus(self.state)  # a plain string of the vocabulary is taken too
@@ -155,6 +160,8 @@ class TrialRow:
             "setting": self.setting,
             "settings": self.settings,
             "seeds": self.seeds,
+            "rungs": self.rungs,
+            "waiting": self.waiting,
         }
         if curve:
             out["curve"] = self.curve
@@ -229,6 +236,8 @@ def _row(t: FrozenTrial, objectives: list[str], budget: float | None) -> TrialRo
         setting=setting,
         settings=settings,
         seeds=_seeds(attrs, train, setting, settings),
+        rungs=[r for r in attrs.get(ATTR_RUNGS) or [] if isinstance(r, dict)],
+        waiting=waiting if isinstance(waiting := attrs.get(ATTR_WAITING), int) else None,
     )
 
 

@@ -38,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from nas_service.fidelity import (
     Result,
     bracket_of,
+    bracket_sizes,
     can_never_promote,
     promotable,
     promotion_count,
@@ -227,3 +228,61 @@ def _not_promoted(w: Waiting, results: list[Result], reduction: float) -> str:
 def leftover_reason(w: Waiting, state: Ladder) -> str:
     """Why a trial still waiting when the job has nothing else to do is told pruned."""
     return _not_promoted(w, state.results.get((w.first, w.rung), []), state.reduction)
+
+
+def expected_compute(spec: JobSpec) -> float:
+    """The mean compute of one candidate in units of its straight run (1 without fidelity),
+    if every rung promotes exactly its 1/η: over Hyperband's bracket shares
+    (`fidelity.bracket_sizes`), a candidate of bracket b reaches rung k ≥ b with probability
+    η^−(k−b) and then trains the rung's share: f_k − f_(k−1) of the main line resumed from a
+    checkpoint (f_(b−1) = 0), or f_k from scratch under `reuse: retrain`. The decay branches
+    (a few percent) are not counted."""
+    fidelity = spec.fidelity
+    if fidelity is None:
+        return 1.0
+    fractions = [float(f) for f in fidelity.rungs]
+    eta = float(fidelity.reduction)
+    sizes = bracket_sizes(fidelity.brackets, eta)
+    total = 0.0
+    for b, size in enumerate(sizes):
+        cost, before = 0.0, 0.0
+        for k in range(b, len(fractions)):
+            share = fractions[k] if fidelity.reuse == "retrain" else fractions[k] - before
+            cost += share * eta ** -(k - b)
+            before = fractions[k]
+        total += size * cost
+    return total / sum(sizes)
+
+
+def rung_progress(spec: JobSpec, rows: list[Any]) -> list[dict[str, Any]]:
+    """Per rung of a fidelity job: the trials with a result there (`reached`), training it
+    now, waiting there for promotion, and promoted from it. `rows`: the job's
+    `results.TrialRow`s (not lost)."""
+    if spec.fidelity is None:
+        return []
+    out = []
+    for k, f in enumerate(spec.fidelity.rungs):
+        reached = promoted = waiting = training = 0
+        for r in rows:
+            recs = [x for x in r.rungs if x.get("rung") == k]
+            reached += bool(recs)
+            promoted += any(x.get("promoted") for x in recs)
+            if str(r.state) != "running":
+                continue
+            if r.waiting == k:
+                waiting += 1
+            elif r.waiting is None:
+                last = max((int(x.get("rung", -1)) for x in r.rungs), default=None)
+                now = last + 1 if last is not None else first_rung(spec, r.number)
+                training += now == k
+        out.append(
+            {
+                "rung": k,
+                "fraction": float(f),
+                "reached": reached,
+                "training": training,
+                "waiting": waiting,
+                "promoted": promoted,
+            }
+        )
+    return out

@@ -36,6 +36,15 @@ Scalar = int | float | str | bool | None
 Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
 
 
+class RungProgress(BaseModel):
+    rung: int
+    fraction: float
+    reached: int  # trials with a result at this rung
+    training: int  # trials training this rung now
+    waiting: int  # trials waiting here for promotion
+    promoted: int  # trials that went on from here
+
+
 class Progress(BaseModel):
     counted: int
     completed: int
@@ -48,6 +57,8 @@ class Progress(BaseModel):
     #: a trial's runs count as they finish, so a job with `seeds: 3` moves after its first
     runs_done: int = 0
     runs_total: int = 0
+    #: multi-fidelity: per rung, trials that reached it, train it now, wait there, went on
+    rungs: list[RungProgress] = Field(default_factory=list)
 
 
 class Compute(BaseModel):
@@ -109,6 +120,23 @@ class TrainRunRead(BaseModel):
     corpus: dict[str, Scalar] | None = None  # the corpus's identity (name, checksum, sizes)
     seed: int | None = None  # the run's seed: seed k of every trial sees the same batches
     setting: dict[str, float] | None = None  # lr, depth_lr_mult, warmup_frac, weight_decay
+    rung: int | None = None  # multi-fidelity: the rung this run trained (0-based)
+    curve: list[list[float | None]] | None = None  # [step, tokens, flops, val_loss] rows
+
+
+class RungRead(BaseModel):
+    """A rung a trial trained (multi-fidelity): its share of the budget, its loss there (the
+    best setting's mean over seeds, after the decay branch of a WSD rung), its objective
+    vector, the main line's steps and tokens, and whether it went on to the next rung."""
+
+    rung: int
+    fraction: float
+    loss: float | None = None
+    values: list[float | None] = Field(default_factory=list)
+    steps: int | None = None
+    tokens: int | None = None
+    given_up: list[int] = Field(default_factory=list)  # settings that diverged there
+    promoted: bool = False
 
 
 class SettingRead(BaseModel):
@@ -142,6 +170,9 @@ class TrialRead(BaseModel):
     settings: list[SettingRead] = Field(default_factory=list)
     #: the chosen setting's final validation loss per seed (index = seed)
     seeds: list[float | None] = Field(default_factory=list)
+    #: multi-fidelity: every rung trained, and the rung it waits at (null: training or done)
+    rungs: list[RungRead] = Field(default_factory=list)
+    waiting: int | None = None
 
 
 class TrialList(BaseModel):

@@ -163,8 +163,15 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"{p['failed']}, diverged {p['diverged']}); training runs "
             f"{p.get('runs_done', 0)}/{p.get('runs_total', 0)}"
         )
+        for r in p.get("rungs") or []:  # a multi-fidelity job: where its trials are
+            print(
+                f"rung {r['rung'] + 1} ({r['fraction']:.0%} of the budget): reached "
+                f"{r['reached']}, training {r['training']}, waiting {r['waiting']}, "
+                f"promoted {r['promoted']}"
+            )
+        planned = " (expected by the rungs)" if p.get("rungs") else ""
         print(
-            f"compute {c['spent']:.3g} of {c['budget']:.3g} {c['kind']} "
+            f"compute {c['spent']:.3g} of {c['budget']:.3g}{planned} {c['kind']} "
             f"({c['fraction']:.0%}), ETA {eta}"
         )
         return 0
@@ -196,6 +203,11 @@ def _trial_line(t: dict[str, Any], metrics: Sequence[str]) -> str:
     varied = [k for k in t.get("setting") or {} if len({str(s.get(k)) for s in tried}) > 1]
     if varied:  # the trial's best of several settings: which one
         line += "  at " + " ".join(f"{k}={t['setting'][k]:g}" for k in varied)
+    rungs = t.get("rungs") or []
+    if rungs:  # multi-fidelity: the rungs it trained, its loss at each
+        steps = " ".join(f"r{r['rung'] + 1}={r['loss']:.4f}" for r in rungs if r.get("loss"))
+        wait = f", waiting at rung {t['waiting'] + 1}" if t.get("waiting") is not None else ""
+        line += f"  [{steps}{wait}]"
     return line
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from optuna.trial import FrozenTrial, TrialState
 
+from nas_service.api.app import create_app
 from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.runner import Runner
@@ -115,6 +117,29 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
         assert t.values[0] == straight.final_val_loss  # bit for bit
         tokens = sum(r["tokens_seen"] for r in runs)
         assert tokens > straight.tokens_seen  # the decay branches cost a little more
+
+    # what users read: progress per rung, compute against the rungs' plan, rungs per trial
+    with TestClient(create_app(settings)) as client:
+        read = client.get(f"/v1/jobs/{job.id}").json()
+        page = client.get(f"/v1/jobs/{job.id}/trials", params={"limit": 100}).json()
+    rungs = read["progress"]["rungs"]
+    assert [r["rung"] for r in rungs] == [0, 1, 2]
+    assert rungs[0]["reached"] == 9 and rungs[0]["promoted"] == len(promoted0)
+    assert rungs[2]["reached"] == len(complete)
+    assert all(r["waiting"] == 0 and r["training"] == 0 for r in rungs)
+    # the plan: 9 candidates × (1/9 + (1/3 − 1/9)/3 + (1 − 1/3)/9) of a straight run
+    per_run = 4 * 32 * STEPS
+    assert read["compute"]["budget"] == pytest.approx(9 * per_run * (1 / 9 + 2 / 27 + 2 / 27))
+    assert read["compute"]["spent"] == sum(
+        r["tokens_seen"] for t in trials for r in t.user_attrs[ATTR_TRAIN]
+    )
+    by_number = {t["number"]: t for t in page["items"]}
+    for t in trials:
+        shown = by_number[t.number]
+        assert [r["rung"] for r in shown["rungs"]] == [r["rung"] for r in records(t)]
+        assert all(run["rung"] is not None for run in shown["train"])
+        if t.state == TrialState.COMPLETE:  # the main line's evaluations, every 9 steps
+            assert [row[0] for row in shown["train"][-1]["curve"]] == [18, 27]
 
 
 def test_retrain_under_cosine_trains_each_rung_from_scratch(
