@@ -9,6 +9,9 @@ on; a runner stopped while a promoted trial trains resumes it from its rung."""
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +22,13 @@ from fastapi.testclient import TestClient
 from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.api.app import create_app
+from nas_service.db import Job
 from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.runner import Runner
-from nas_service.search import ATTR_TRAIN, price_candidate
+from nas_service.search import ATTR_LOST, ATTR_TRAIN, price_candidate
 from nas_service.spec import parse_spec
+from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 from workers.train import train
 
@@ -34,6 +39,7 @@ pytestmark = [
     pytest.mark.usefixtures("ray_local"),
 ]
 
+ROOT = Path(__file__).resolve().parents[2]
 STEPS = 27  # each candidate's straight run: 4 × 32 tokens a step
 FIDELITY: dict[str, Any] = TINY | {
     "name": "fidelity",
@@ -226,3 +232,71 @@ def test_a_runner_stopped_while_a_promoted_trial_trains_resumes_it(
         assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))  # no rung twice
         assert math.isfinite(t.user_attrs[ATTR_RUNGS][-1]["loss"])
     assert _store_files(store) == []
+
+
+def test_a_runner_sigkilled_while_a_promoted_trial_trains_resumes_it_from_its_checkpoint(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """The same with a real process: the runner SIGKILLed (its session: its Ray too) while
+    a promoted trial trains a later rung, then a second runner to the end."""
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    spec = FIDELITY | {"name": "fidelity-crash", "budget": {"tokens": 4 * 32 * 270}}
+    job = submit(Session, settings, spec)
+    env = os.environ | {
+        "DEPTHSCOPE_DATABASE_URL": sqlite_url,
+        "DEPTHSCOPE_ARTIFACT_STORE": str(store),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    cmd = [sys.executable, "-m", "nas_service.runner", "--timeout", "300"]
+    log = (tmp_path / "runner1.log").open("w")
+    first = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            study = study_of(sqlite_url, job)
+            training = [
+                t
+                for t in study.get_trials(states=(TrialState.RUNNING,))
+                if records(t) and t.user_attrs.get(ATTR_WAITING) is None
+            ]
+            if training:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the first runner never promoted a trial")
+    finally:
+        procs.kill_session(first)
+    study = study_of(sqlite_url, job)
+    lost = {
+        t.number
+        for t in study.get_trials(states=(TrialState.RUNNING,))
+        if records(t) and t.user_attrs.get(ATTR_WAITING) is None
+    }
+    assert lost
+    second = subprocess.run(
+        cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=400, start_new_session=True
+    )
+    assert second.returncode == 0, second.stderr[-3000:]
+    study = study_of(sqlite_url, job)
+    trials = counted(study)
+    assert len(trials) == 9
+    # a trial lost in its first rung has no checkpoint: it is re-enqueued as before (lost,
+    # not counted); one lost in a later rung is resumed, never re-enqueued
+    requeued = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    assert len(study.trials) == 9 + len(requeued)
+    assert not lost & {t.number for t in requeued}
+    assert all(not records(t) for t in requeued)
+    parsed = parse_spec(job.spec)
+    for t in trials:
+        rungs = [r["rung"] for r in t.user_attrs[ATTR_TRAIN]]
+        assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))
+        if t.number in lost:
+            assert len(records(t)) >= 2
+        if t.state == TrialState.COMPLETE:
+            priced = price_candidate(parsed, dict(t.params))
+            assert priced.train_spec is not None
+            assert t.values[0] == train(priced.train_spec).final_val_loss  # bit for bit
+    assert _store_files(store) == []
+    with Session() as s:
+        assert s.get(Job, job.id).status == "completed"
