@@ -60,6 +60,7 @@ from nas_service.rungs import (
     ATTR_WAITING,
     Ladder,
     Waiting,
+    first_rung,
     leftover_reason,
     n_rungs,
     records,
@@ -462,7 +463,10 @@ class Runner(TrialOutcomes):
                 self._drop_run(run_id)  # never trained: no attempt to record
                 return None
             settings = tune_settings(spec, params)
-            flight = Flight(job_id, spec, study, trial, priced, run_id, settings=settings)
+            first = first_rung(spec, trial.number)  # its Hyperband bracket's (0 without)
+            flight = Flight(
+                job_id, spec, study, trial, priced, run_id, settings, rung=first, first=first
+            )
             self._launch(flight)
         except Exception as exc:
             if is_database_outage(exc):

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.api.app import create_app
 from nas_service.db import Job
+from nas_service.fidelity import bracket_of
 from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.runner import Runner
@@ -146,6 +147,51 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
         assert all(run["rung"] is not None for run in shown["train"])
         if t.state == TrialState.COMPLETE:  # the main line's evaluations, every 9 steps
             assert [row[0] for row in shown["train"][-1]["curve"]] == [18, 27]
+
+
+def test_hyperband_brackets_start_later_rungs_and_promote_within_their_bracket(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    store = tmp_path / "artifacts"
+    settings, Session = setup(sqlite_url, artifact_store=str(store))
+    spec = FIDELITY | {
+        "n_trials": 10,
+        "fidelity": FIDELITY["fidelity"] | {"brackets": 2},
+    }
+    job = submit(Session, settings, spec)
+    _drive(Runner(settings))
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 10
+    parsed = parse_spec(job.spec)
+    assert parsed.fidelity is not None
+    for t in trials:
+        assert records(t)[0]["rung"] == bracket_of(t.number, parsed.fidelity)
+    # B = 2, η = 3: 3 of every 5 trials in bracket 0, 2 in bracket 1 (starting at rung 1)
+    assert sum(records(t)[0]["rung"] == 1 for t in trials) == 4
+    # a bracket's rung-1 results are ranked among themselves only
+    for first in (0, 1):
+        at1 = {
+            t.number: r["loss"]
+            for t in trials
+            if records(t)[0]["rung"] == first
+            for r in records(t)
+            if r["rung"] == 1
+        }
+        went_on = {
+            t.number
+            for t in trials
+            if records(t)[0]["rung"] == first
+            for r in records(t)
+            if r["rung"] == 1 and r["promoted"]
+        }
+        best = sorted(at1, key=lambda n: (at1[n], n))[: len(at1) // 3]
+        assert set(best) <= went_on
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            priced = price_candidate(parsed, dict(t.params))
+            assert priced.train_spec is not None
+            assert t.values[0] == train(priced.train_spec).final_val_loss
+    assert _store_files(store) == []
 
 
 def test_retrain_under_cosine_trains_each_rung_from_scratch(
