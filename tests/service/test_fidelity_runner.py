@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.api.app import create_app
 from nas_service.db import Job
-from nas_service.fidelity import bracket_of
+from nas_service.fidelity import Result, bracket_of, promotion_order
 from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.runner import Runner
@@ -192,6 +192,28 @@ def test_hyperband_brackets_start_later_rungs_and_promote_within_their_bracket(
             assert priced.train_spec is not None
             assert t.values[0] == train(priced.train_spec).final_val_loss
     assert _store_files(store) == []
+
+
+def test_two_objectives_promote_by_non_dominated_rank(sqlite_url: str, tmp_path: Path) -> None:
+    """The costs are known before training: a rung's results are ranked by their
+    non-dominated rank over (loss at the rung, training memory), then loss, then number."""
+    settings, Session = setup(sqlite_url, artifact_store=str(tmp_path / "artifacts"))
+    spec = FIDELITY | {"objectives": ["val_loss", "train_memory_bytes"]}
+    job = submit(Session, settings, spec)
+    _drive(Runner(settings))
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 9
+    at0 = [
+        (t, r) for t in trials for r in records(t) if r["rung"] == 0
+    ]  # every trial's rung-0 record, with its objective vector
+    assert len(at0) == 9
+    for t, r in at0:
+        assert r["values"] == [r["loss"], t.user_attrs["costs"]["train_memory_bytes"]]
+    order = promotion_order([Result(t.number, r["loss"], tuple(r["values"])) for t, r in at0])
+    promoted = {t.number for t, r in at0 if r["promoted"]}
+    assert {r.number for r in order[:3]} <= promoted
+    # a trial that reached the full budget is told both objectives
+    assert any(t.state == TrialState.COMPLETE and len(t.values) == 2 for t in trials)
 
 
 def test_retrain_under_cosine_trains_each_rung_from_scratch(
