@@ -21,6 +21,13 @@ curve of s*'s seed 0. A diverged run gives its setting up (its remaining seeds a
 the trial is `diverged` when every setting was given up (with a single setting: its first
 diverged seed, as before a `tune` grid existed).
 
+Multi-fidelity (`JobSpec.fidelity`, `nas_service.rungs`): a flight is one rung of its trial;
+each run is `rungs.rung_spec` of the candidate's, and a rung below the last ends in
+`_pause` instead of a tell: the rung's record (loss and objective vector, as a finished
+trial's would be) is kept in `rungs`, the trial waits (`waiting`) and its run row is closed
+("rung r of K: waiting for promotion"); the runner promotes it, or tells it pruned. The last
+rung concludes the trial as above. Checkpoints are deleted when a trial is told.
+
 Pruning reads seed 0's intermediate losses of a trial with a single setting (the median rule,
 or `cannot_reach_front` for several objectives). A trial with a `tune` grid is never pruned:
 an intermediate loss of one setting bounds neither the final loss of that setting's other

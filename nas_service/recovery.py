@@ -12,6 +12,10 @@
   row each; the rows of the runs it finished before the runner stopped stay closed as they
   were ("run i of n"): they are not a trial finishing, so they neither clear a suspect nor
   count, and only the trial's open row (its current run) is closed here.
+- A multi-fidelity trial left running after it finished a rung is not re-enqueued: it
+  waits again at the last rung it finished (its runs of the lost rung dropped), so the
+  promotion rule promotes it again and it resumes from that rung's checkpoints; a trial
+  left waiting stays as it was. The suspect count applies to it as to any trial.
 """
 
 from __future__ import annotations
