@@ -147,3 +147,42 @@ def test_load_bench_runs(tmp_path: Path) -> None:
     assert "p95 ms" in run.stdout
     assert set(result["server"]) == {"status", "trials", "pareto"}  # the service's own view
     assert result["server"]["status"]["p50_ms"] > 0
+
+
+def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "se.json"
+    run = run_bench(
+        "bench/search_efficiency.py",
+        "--seeds",
+        "1",
+        "--trials",
+        "12",
+        "--strategies",
+        "random",
+        "tpe",
+        "--modes",
+        "none",
+        "auto",
+        "--processes",
+        "1",
+        "--json",
+        str(out),
+    )
+    result = json.loads(out.read_text())
+    assert result["grid_points"] == 108 and result["reference"]["compute"] > 0
+    assert set(result["summary"]["loss"]) == {"random/none", "random/auto", "tpe/none", "tpe/auto"}
+    assert all(r["compute"] > 0 and r["runs"] > 0 for r in result["runs"])
+    assert "→0.5%" in run.stdout
+
+
+@pytest.mark.postgres
+def test_scale_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    run_bench(
+        "bench/scale.py", "--workers", "5", "--trials", "30", "--kills", "1", "--json", str(out)
+    )
+    result = json.loads(out.read_text())
+    assert result["job_status"] == "completed"
+    check = result["check"]
+    assert check["counted"] == 30 and check["lost"] == 0 and check["duplicated"] == 0
+    assert result["utilisation"] > 0 and result["latency_ms"]["pareto"]["median_ms"] > 0
