@@ -14,11 +14,13 @@ model of the loss surface).
   mixing, outside `cost_model.residuals.DEPTH_MIXED`, ignores `depth_lr_mult`).
 - Its run: the one of the spec's seed, seed 0 when that seed was not recorded.
 
-The loss curve of that run. A landscape keeps only the chosen setting's seed-0 curve; for any
-other run it is that curve scaled by final_run / final_chosen (a *surrogate*: the shape of
-one curve with another run's end point; the run's own final loss is returned exactly). The
-curve is L(x), x the fraction of the recorded run's tokens, interpolated linearly between
-(0, ln vocab) and the recorded points.
+The loss curve of that run: its own when the landscape kept one per run (`train[i].curve`),
+else the trial's curve (the chosen setting's seed 0) scaled by final_run / final_chosen (a
+*surrogate*: the shape of one curve with another run's end point; the run's own final loss
+is returned exactly). The curve is L(x), x the fraction of the recorded run's tokens,
+interpolated linearly between (0, ln vocab) and the recorded points. The landscape is read
+as a full-budget job's (runs of a multi-fidelity job's lower rungs are not told apart), and
+under its own schedule: a WSD run replayed on a cosine landscape gets the cosine curve.
 
 A run's main line has T = `spec.planned_steps()` steps and covers the fraction f of the
 recorded run: T / T_recorded for the recorded architecture (cosine rungs that retrain on a
@@ -97,17 +99,28 @@ class _Setting:
 
 
 @dataclass
+class _Curve:
+    """An evaluation curve: L at token fractions x of its run (0 first, at ln vocab), the
+    evaluations' steps as fractions of the run's steps."""
+
+    xs: list[float]
+    losses: list[float]
+    step_fractions: list[float]
+    steps: int
+
+    @property
+    def final(self) -> float:
+        return self.losses[-1]
+
+
+@dataclass
 class _Recorded:
     """A recorded trial, ready to answer runs."""
 
     trial: TrialRead
     arch: ArchConfig
     settings: list[_Setting]
-    curve_x: list[float]  # token fractions of the recorded run, 0 first
-    curve_loss: list[float]  # the chosen setting's seed-0 losses, ln(vocab) first
-    step_fractions: list[float]  # the recorded evaluations' steps / recorded steps
-    chosen_final: float
-    steps: int
+    curve: _Curve  # the chosen setting's seed-0 curve
 
 
 @dataclass
@@ -390,7 +403,9 @@ class SimulatedBackend:
         total = spec.planned_steps()
         exact = spec.arch == rec.arch
         fpt = float(training_flops_per_token(spec.arch, causal=True))
-        rec_steps = run.steps or rec.steps
+        own = _curve(run.curve, rec.arch)  # a run that kept its own curve: no scaling
+        shape = own or rec.curve
+        rec_steps = run.steps or shape.steps
         rec_tokens = run.tokens_seen or rec_steps * spec.tokens_per_step
         if exact:
             fraction = total / rec_steps
@@ -409,14 +424,17 @@ class SimulatedBackend:
             duration = (run.wall_time_s or 0.0) * tokens / rec_tokens
         diverged = run.status == "diverged" or run.final_val_loss is None
         final_s = math.nan if run.final_val_loss is None else float(run.final_val_loss)
-        scale = 1.0 if diverged or final_s == rec.chosen_final else final_s / rec.chosen_final
+        same = diverged or own is not None or final_s == shape.final
+        scale = 1.0 if same else final_s / shape.final
 
         def loss_at(x: float) -> float:
             if not diverged and x >= 1.0:
                 return final_s
-            return _interp(x, rec.curve_x, rec.curve_loss, scale)
+            return _interp(x, shape.xs, shape.losses, scale)
 
-        steps = sorted({min(total, max(1, round(p * total))) for p in rec.step_fractions} | {total})
+        steps = sorted(
+            {min(total, max(1, round(p * total))) for p in shape.step_fractions} | {total}
+        )
         items: list[tuple[float, Item]] = []
         for s in steps:
             if start < s <= stop and not (diverged and s == total):
@@ -482,33 +500,42 @@ class SimulatedBackend:
 
 
 def _trainable(trial: TrialRead) -> bool:
-    return bool(trial.arch) and bool(trial.curve) and bool(trial.train)
+    return (
+        bool(trial.arch) and bool(trial.train) and _curve(trial.curve, _arch_of(trial)) is not None
+    )
+
+
+def _arch_of(trial: TrialRead) -> ArchConfig:
+    return ArchConfig(**trial.arch)  # type: ignore[arg-type]
 
 
 def _record(trial: TrialRead) -> _Recorded:
-    arch = ArchConfig(**trial.arch)  # type: ignore[arg-type]
+    arch = _arch_of(trial)
     chosen = dict(trial.setting)
     groups: dict[tuple[tuple[str, float], ...], _Setting] = {}
     for run in trial.train:
         setting = dict(run.setting or chosen)
         key = tuple(sorted(setting.items()))
         groups.setdefault(key, _Setting(setting, {})).runs.setdefault(run.seed or 0, run)
-    rows = [
+    curve = _curve(trial.curve, arch)
+    assert curve is not None  # `_trainable`
+    return _Recorded(trial=trial, arch=arch, settings=list(groups.values()), curve=curve)
+
+
+def _curve(rows: list[list[float | None]] | None, arch: ArchConfig) -> _Curve | None:
+    """A recorded curve's rows [step, tokens, flops, val_loss] (None: none kept)."""
+    points = [
         (float(r[0]), float(r[1]), float(r[3]))
-        for r in trial.curve or []
+        for r in rows or []
         if r[0] is not None and r[1] is not None and r[3] is not None
     ]
-    last_step, last_tokens = rows[-1][0], rows[-1][1]
-    xs = [0.0] + [tokens / last_tokens for _, tokens, _ in rows]
-    losses = [math.log(arch.vocab_size)] + [loss for _, _, loss in rows]
-    return _Recorded(
-        trial=trial,
-        arch=arch,
-        settings=list(groups.values()),
-        curve_x=xs,
-        curve_loss=losses,
-        step_fractions=[step / last_step for step, _, _ in rows],
-        chosen_final=losses[-1],
+    if not points or points[-1][1] <= 0:
+        return None
+    last_step, last_tokens = points[-1][0], points[-1][1]
+    return _Curve(
+        xs=[0.0] + [tokens / last_tokens for _, tokens, _ in points],
+        losses=[math.log(arch.vocab_size)] + [loss for _, _, loss in points],
+        step_fractions=[step / last_step for step, _, _ in points],
         steps=int(last_step),
     )
 

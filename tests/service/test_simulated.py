@@ -249,3 +249,18 @@ def test_optuna_sees_an_ordinary_study(tmp_path: Path) -> None:
     spec = SPEC | {"tune": None, "seeds": 1, "n_trials": 3, "sampler": "random"}
     run_job(url, spec, SimulatedBackend(LANDSCAPE, workers=3))
     assert len(optuna.get_all_study_summaries(f"sqlite:///{tmp_path / 'o.db'}")) == 1
+
+
+def test_a_run_with_its_own_curve_is_replayed_without_scaling() -> None:
+    landscape = LANDSCAPE.model_copy(deep=True)
+    trial = next(t for t in landscape.trials if t.params == {"residual": "baseline", "n_layers": 8})
+    run = next(r for r in trial.train if r.seed == 1 and r.setting == trial.setting)
+    own = [[157.0, 80384.0, 0.0, 2.9], [629.0, 322048.0, 0.0, run.final_val_loss]]
+    run.curve = own  # type: ignore[assignment]
+    backend = SimulatedBackend(landscape, workers=1, overhead_scale=0.0)
+    backend.connect()
+    spec = train_spec(dict(trial.params), **trial.setting, seed=1)
+    items = drain(backend, backend.launch(spec))
+    points = [p for p in items if isinstance(p, EvalPoint)]
+    assert [p.step for p in points] == [157, 629] and points[0].val_loss == 2.9
+    assert items[-1].final_val_loss == run.final_val_loss
