@@ -52,7 +52,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-LANDSCAPE = Path(__file__).resolve().parent / "landscapes" / "crossover.json"
+LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
+#: The WSD landscape (a curve per run, exact segments) once recorded, else the cosine one.
+LANDSCAPE = next(
+    p for p in (LANDSCAPES / "crossover_wsd.json", LANDSCAPES / "crossover.json") if p.exists()
+)
 STRATEGIES = ("grid", "random", "tpe", "nsga2")
 MODES = ("none", "auto", "fidelity")
 OBJECTIVES = {"loss": ["val_loss"], "pareto": ["val_loss", "train_memory_bytes"]}

@@ -9,8 +9,9 @@ model of the loss surface).
 - The trial: same variant and block size as the run's architecture (none recorded: the run
   fails with `SimulatedLookupError`, not retried), then the nearest depth and width by
   |ln n_layers/n'| + |ln d_model/d'|.
-- Its setting: exact on `warmup_frac` and `weight_decay` when the trial recorded the run's
-  values, then nearest by |ln lr/lr'| + |ln depth_lr_mult/m'| (a variant without depth
+- Its setting, among every setting recorded for that architecture (one trial per setting
+  when a training axis was searched jointly): exact on `warmup_frac` and `weight_decay`
+  when recorded, then nearest by |ln lr/lr'| + |ln depth_lr_mult/m'| (a variant without depth
   mixing, outside `cost_model.residuals.DEPTH_MIXED`, ignores `depth_lr_mult`).
 - Its run: the one of the spec's seed, seed 0 when that seed was not recorded.
 
@@ -391,8 +392,7 @@ class SimulatedBackend:
         """The run's items, duration and compute from the nearest recorded point."""
         identity = _identity(spec)
         try:
-            rec = self._nearest(spec.arch)
-            setting = _nearest_setting(rec, spec)
+            rec, setting = _nearest_setting(self._nearest(spec.arch), spec)
         except SimulatedLookupError as exc:
             identity["trial"] = None
             return _Run(number, spec, identity, [(0.0, exc)], 0.0, 0.0, False, None, kind="failed")
@@ -481,7 +481,9 @@ class SimulatedBackend:
         end_loss = None if diverged else final
         return _Run(number, spec, identity, items, duration, tokens * fpt, full, end_loss)
 
-    def _nearest(self, arch: ArchConfig) -> _Recorded:
+    def _nearest(self, arch: ArchConfig) -> list[_Recorded]:
+        """The recorded trials of the nearest architecture (several when a joint training
+        axis made one trial per setting)."""
         same = [
             r
             for r in self._recorded
@@ -490,13 +492,14 @@ class SimulatedBackend:
         if not same:
             block = f" with block size {arch.block_size}" if arch.block_size else ""
             raise SimulatedLookupError(f"the landscape records no trial of {arch.variant}{block}")
-        return min(
-            same,
-            key=lambda r: (
-                abs(math.log(arch.n_layers / r.arch.n_layers))
-                + abs(math.log(arch.d_model / r.arch.d_model))
-            ),
-        )
+
+        def distance(r: _Recorded) -> float:
+            return abs(math.log(arch.n_layers / r.arch.n_layers)) + abs(
+                math.log(arch.d_model / r.arch.d_model)
+            )
+
+        nearest = min(same, key=distance).arch
+        return [r for r in same if r.arch == nearest]
 
 
 def _trainable(trial: TrialRead) -> bool:
@@ -540,22 +543,26 @@ def _curve(rows: list[list[float | None]] | None, arch: ArchConfig) -> _Curve | 
     )
 
 
-def _nearest_setting(rec: _Recorded, spec: TrainSpec) -> _Setting:
+def _nearest_setting(recs: list[_Recorded], spec: TrainSpec) -> tuple[_Recorded, _Setting]:
+    """The recorded setting nearest to the run's, among every setting of `recs` (one
+    architecture), and the trial that recorded it."""
+    pool = [(r, s) for r in recs for s in r.settings]
     exact = [
-        s
-        for s in rec.settings
+        (r, s)
+        for r, s in pool
         if s.setting.get("warmup_frac") == spec.warmup_frac
         and s.setting.get("weight_decay") == spec.weight_decay
     ]
-    pool = exact or rec.settings
+    pool = exact or pool
     if not pool:
-        raise SimulatedLookupError(f"landscape trial {rec.trial.number} records no run")
+        raise SimulatedLookupError(f"landscape trial {recs[0].trial.number} records no run")
     mixed = spec.arch.variant in DEPTH_MIXED
 
-    def distance(s: _Setting) -> float:
-        d = abs(_log(spec.lr) - _log(s.setting.get("lr", spec.lr)))
+    def distance(pair: tuple[_Recorded, _Setting]) -> float:
+        setting = pair[1].setting
+        d = abs(_log(spec.lr) - _log(setting.get("lr", spec.lr)))
         if mixed:
-            d += abs(_log(spec.depth_lr_mult) - _log(s.setting.get("depth_lr_mult", 1.0)))
+            d += abs(_log(spec.depth_lr_mult) - _log(setting.get("depth_lr_mult", 1.0)))
         return d
 
     return min(pool, key=distance)
