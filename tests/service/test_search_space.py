@@ -211,6 +211,7 @@ def test_the_train_spec_carries_every_training_field() -> None:
         "batch_size": 4,
         "lr": 1e-3,
         "depth_lr_mult": 0.5,
+        "decay_frac": 0.3,
         "schedule": "wsd",
         "warmup_frac": 0.2,
         "weight_decay": 0.01,
