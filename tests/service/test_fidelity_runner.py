@@ -216,6 +216,37 @@ def test_two_objectives_promote_by_non_dominated_rank(sqlite_url: str, tmp_path:
     assert any(t.state == TrialState.COMPLETE and len(t.values) == 2 for t in trials)
 
 
+def test_every_setting_and_seed_of_a_rung_resumes_its_own_checkpoint(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """With a per-shape grid and seeds a rung trains every setting at every seed, each from
+    its own checkpoint; the rung's loss is the best setting's mean over seeds."""
+    settings, Session = setup(sqlite_url, artifact_store=str(tmp_path / "artifacts"))
+    spec = FIDELITY | {"seeds": 2, "tune": {"lr": [0.003, 0.01]}}
+    job = submit(Session, settings, spec)
+    _drive(Runner(settings))
+    trials = counted(study_of(sqlite_url, job))
+    assert len(trials) == 9
+    parsed = parse_spec(job.spec)
+    for t in trials:
+        runs = t.user_attrs[ATTR_TRAIN]
+        for rec in records(t):
+            at = [r for r in runs if r["rung"] == rec["rung"]]
+            assert len(at) == 4  # 2 settings × 2 seeds
+            means = [
+                sum(r["final_val_loss"] for r in at if r["setting"]["lr"] == lr) / 2
+                for lr in (0.003, 0.01)
+            ]
+            assert rec["loss"] == pytest.approx(min(means))
+        if t.state == TrialState.COMPLETE:  # each (setting, seed) ends as its straight run
+            priced = price_candidate(parsed, dict(t.params))
+            assert priced.train_spec is not None
+            last = [r for r in runs if r["rung"] == 2]
+            for r in last:
+                run = priced.train_spec.replace(lr=r["setting"]["lr"], seed=r["seed"])
+                assert r["final_val_loss"] == train(run).final_val_loss
+
+
 def test_retrain_under_cosine_trains_each_rung_from_scratch(
     sqlite_url: str, tmp_path: Path
 ) -> None:
