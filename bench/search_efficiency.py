@@ -43,7 +43,6 @@ import logging
 import math
 import multiprocessing
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -234,13 +233,15 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantiles(values: list[float]) -> dict[str, float]:
-    """Median and IQR (not reached: ∞, so it counts against the median)."""
+    """Median and IQR by nearest rank (not reached: ∞, so it counts against them)."""
     if not values:
         return {"median": math.nan, "q25": math.nan, "q75": math.nan}
-    if len(values) == 1:
-        return {"median": values[0], "q25": values[0], "q75": values[0]}
-    q = statistics.quantiles(values, n=4, method="inclusive")
-    return {"median": statistics.median(values), "q25": q[0], "q75": q[2]}
+    v = sorted(values)
+
+    def rank(p: float) -> float:
+        return v[round(p * (len(v) - 1))]
+
+    return {"median": rank(0.5), "q25": rank(0.25), "q75": rank(0.75)}
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
