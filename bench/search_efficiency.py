@@ -1,6 +1,7 @@
 """Search efficiency on a recorded landscape: how much compute each search strategy spends
 before it finds what the full grid finds, replayed by the real runner on the simulated
-backend (`nas_service.simulated`) over bench/landscapes/crossover.json.
+backend (`nas_service.simulated`) over bench/landscapes/crossover_wsd.json (WSD, a curve per
+run; crossover.json, the cosine grid, where the WSD one is absent, or `--landscape`).
 
     python bench/search_efficiency.py [--seeds 20] [--workers 2] [--processes 2] [--json FILE]
 
@@ -11,8 +12,9 @@ every run answered from the recorded run at that setting (seed 0). The strategie
 random, TPE and NSGA-II (`sampler`), each with `pruner: none`, with `pruner: auto` (the
 median rule; for two objectives the runner's `cannot_reach_front`), and with multi-fidelity
 (the spec's `fidelity` section: rungs 1/9, 1/3, 1, η = 3, `reuse: checkpoint` under WSD —
-the simulated curves are the recorded cosine ones). A mode the runner refuses, or one in
-which no run trained less than a full budget, is reported "not available yet". Each runs
+on the cosine landscape the simulated curves are the cosine ones). A mode the runner
+refuses, or one in which no run trained less than a full budget, is reported "not available
+yet". Each runs
 `--seeds` sampler seeds (`sampler_seed` 0…), `n_trials` = the grid's 108 (a sampler may
 revisit points), `max_concurrent` = `--workers` simulated workers.
 
