@@ -82,6 +82,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
+from nas_service.study_cache import OwnedTrials
 from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
@@ -122,7 +123,8 @@ class Runner(TrialOutcomes):
         self.backend: Backend = backend or RayBackend(settings.clusters[cluster])
         self.engine = make_engine(settings.database_url)
         self.Session = make_sessionmaker(self.engine)
-        self.storage = optuna_storage(settings.database_url)
+        # it owns its jobs' unfinished trials (the lease): re-read only those it wrote
+        self.storage = OwnedTrials(optuna_storage(settings.database_url))
         self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
         self.flights: list[Flight] = []
         self.jobs: dict[str, ActiveJob] = {}
