@@ -145,6 +145,10 @@ def child(args: argparse.Namespace) -> int:
 
     backend = Measured(load_landscape(LANDSCAPE), workers=args.workers, duration_s=args.duration)
     runner = Runner(settings, backend=backend)
+    if args.storage == "optuna":  # Optuna's own cache: every unfinished trial re-read per read
+        from nas_service.jobs import optuna_storage
+
+        runner.storage = optuna_storage(args.database_url)
     backend.started = time.perf_counter()
     runner.run(poll_s=0, timeout_s=args.timeout)
     backend.write(final=True)
@@ -189,6 +193,8 @@ def start_child(args: argparse.Namespace, url: str, stats: Path, log: Any) -> su
         str(stats),
         "--timeout",
         str(args.timeout),
+        "--storage",
+        args.storage,
     ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
@@ -382,6 +388,12 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=2, help="SIGKILLs of the runner")
     parser.add_argument("--admin-url", default=PG_ADMIN, help="a database to create ours from")
     parser.add_argument("--timeout", type=float, default=3600.0, help="per runner life")
+    parser.add_argument(
+        "--storage",
+        choices=("owned", "optuna"),
+        default="owned",
+        help="the runner's study cache: its own (default) or Optuna's, for comparison",
+    )
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
