@@ -62,6 +62,24 @@ def first_rung(spec: JobSpec, number: int) -> int:
     return bracket_of(number, spec.fidelity) if spec.fidelity is not None else 0
 
 
+def describe_fidelity(spec: JobSpec) -> str:
+    """The job's rungs in words (its start event says so): the fractions, η, the brackets,
+    and how a promotion reuses the work before it."""
+    fidelity = spec.fidelity
+    if fidelity is None:
+        return "no rungs: every candidate trains its whole budget"
+    rungs = ", ".join(f"{float(f):.0%}" for f in fidelity.rungs)
+    text = f"rungs at {rungs} of each budget, the best 1/{float(fidelity.reduction):g} go on"
+    if fidelity.brackets > 1:
+        text += f", {fidelity.brackets} Hyperband brackets"
+    if fidelity.reuse == "retrain":
+        return text + "; each promotion retrains from scratch (its compute is counted)"
+    return text + (
+        "; a promotion resumes the stable phase from its rung's checkpoint (exact under WSD), "
+        "each rung scored on a decay branch"
+    )
+
+
 def rung_stops(fractions: list[float], first: int, total: int) -> list[int]:
     """The main-line step each rung from `first` on ends at, for a run of `total` steps:
     `rung_steps` of each fraction, made strictly increasing (a short run whose rungs round to

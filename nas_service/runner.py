@@ -65,6 +65,7 @@ from nas_service.rungs import (
     ATTR_WAITING,
     Ladder,
     Waiting,
+    describe_fidelity,
     first_rung,
     leftover_reason,
     n_rungs,
@@ -124,7 +125,9 @@ class Runner(TrialOutcomes):
         self.engine = make_engine(settings.database_url)
         self.Session = make_sessionmaker(self.engine)
         # it owns its jobs' unfinished trials (the lease): re-read only those it wrote
-        self.storage = OwnedTrials(optuna_storage(settings.database_url))
+        self.storage: optuna.storages.BaseStorage = OwnedTrials(
+            optuna_storage(settings.database_url)
+        )
         self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
         self.flights: list[Flight] = []
         self.jobs: dict[str, ActiveJob] = {}
@@ -294,9 +297,10 @@ class Runner(TrialOutcomes):
                 row = s.get(Job, job.id)
                 assert row is not None
                 row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
-                row.events.append(
-                    JobEvent(kind=EventKind.STARTED, message=f"on cluster {self.cluster}")
-                )
+                started = f"on cluster {self.cluster}"
+                if spec.fidelity is not None:
+                    started += f"; {describe_fidelity(spec)}"
+                row.events.append(JobEvent(kind=EventKind.STARTED, message=started))
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
         ladder = self._ladder(active, mine)

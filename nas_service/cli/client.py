@@ -169,6 +169,9 @@ def _cmd_status(args: argparse.Namespace) -> int:
                 f"{r['reached']}, training {r['training']}, waiting {r['waiting']}, "
                 f"promoted {r['promoted']}"
             )
+        fidelity = (job.get("spec") or {}).get("fidelity") or {}
+        if fidelity.get("reuse") == "retrain":
+            print("each promotion retrains from scratch (its compute is counted)")
         planned = " (expected by the rungs)" if p.get("rungs") else ""
         print(
             f"compute {c['spent']:.3g} of {c['budget']:.3g}{planned} {c['kind']} "

@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import select
 
 from nas_service.api.app import create_app
-from nas_service.db import Job
+from nas_service.db import Job, JobEvent
 from nas_service.fidelity import Result, bracket_of, promotion_order
 from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
@@ -261,6 +262,11 @@ def test_retrain_under_cosine_trains_each_rung_from_scratch(
     trials = counted(study_of(sqlite_url, job))
     assert len(trials) == 9
     assert not store.exists() or _store_files(store) == []  # retraining keeps no checkpoint
+    with Session() as s:  # the job says how its rungs reuse work
+        started = s.scalars(
+            select(JobEvent.message).where(JobEvent.job_id == job.id, JobEvent.kind == "started")
+        ).one()
+    assert "each promotion retrains from scratch" in started
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete
     for t in complete:
