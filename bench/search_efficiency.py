@@ -16,7 +16,9 @@ on the cosine landscape the simulated curves are the cosine ones). A mode the ru
 refuses, or one in which no run trained less than a full budget, is reported "not available
 yet". Each runs
 `--seeds` sampler seeds (`sampler_seed` 0…), `n_trials` = the grid's 108 (a sampler may
-revisit points), `max_concurrent` = `--workers` simulated workers.
+revisit points) — with multi-fidelity as many as the grid's compute buys under the rungs'
+plan, 108 / `rungs.expected_compute` (≈ 420: a search at the same expected compute), unless
+`--trials` is given —, `max_concurrent` = `--workers` simulated workers.
 
 The reference is the grid without pruning: its compute C_grid (FLOPs of the 108 runs), its
 best loss, its hypervolume. Measures (compute = FLOPs trained, partial runs included, up to
@@ -196,6 +198,12 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
     Session = make_sessionmaker(make_engine(url))
     spec = job_spec(landscape, task["strategy"], task["mode"], task["objectives"], task["seed"])
     spec["n_trials"] = task["n_trials"]
+    if task["mode"] == "fidelity" and task.get("same_compute"):
+        # as many candidates as the grid's compute buys under the rungs' plan
+        from nas_service.rungs import expected_compute
+        from nas_service.spec import parse_spec
+
+        spec["n_trials"] = math.ceil(task["n_trials"] / expected_compute(parse_spec(spec)))
     spec["max_concurrent"] = task["workers"]
 
     class Stopping(SimulatedBackend):
@@ -313,6 +321,7 @@ def main() -> int:
         "tmp": tmp,
         "workers": args.workers,
         "n_trials": n_trials,
+        "same_compute": args.trials is None,
     }
     started = time.perf_counter()
     try:
