@@ -86,12 +86,21 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
     settings, Session = setup(sqlite_url, artifact_store=str(store))
     job = submit(Session, settings, FIDELITY)
     seen_checkpoints: set[Path] = set()
+    seen: dict[str, int] = {"waiting": 0, "training": 0, "eta": 0}
 
-    def watch() -> bool:
-        seen_checkpoints.update(_store_files(store))
-        return False
+    with TestClient(create_app(settings)) as client:
 
-    _drive(Runner(settings), watch)
+        def watch() -> bool:
+            seen_checkpoints.update(_store_files(store))
+            read = client.get(f"/v1/jobs/{job.id}").json()
+            for key in ("waiting", "training"):
+                seen[key] = max(seen[key], sum(r[key] for r in read["progress"]["rungs"]))
+            seen["eta"] += read["eta_s"] is not None
+            return False
+
+        _drive(Runner(settings), watch)
+    # while it ran, readers saw trials training and waiting at rungs, and an ETA
+    assert seen["waiting"] >= 1 and seen["training"] >= 1 and seen["eta"] >= 1
     study = study_of(sqlite_url, job)
     trials = counted(study)
     assert len(trials) == 9 and len(study.trials) == 9  # none lost, none duplicated
