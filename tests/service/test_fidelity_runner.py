@@ -29,9 +29,10 @@ from nas_service.jobs import submit
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.runner import Runner
 from nas_service.search import ATTR_LOST, ATTR_TRAIN, price_candidate
-from nas_service.spec import parse_spec
+from nas_service.spec import JobSpec, parse_spec
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
+from workers.contract import TrainSpec
 from workers.train import train
 
 pytestmark = [
@@ -73,6 +74,13 @@ def _drive(runner: Runner, between: Callable[[], bool] = lambda: False, limit: f
         if between():
             return
     raise TimeoutError("the job did not finish")
+
+
+def _straight_spec(spec: JobSpec, t: FrozenTrial) -> TrainSpec:
+    """The trial's candidate as one straight run (what its rungs must add up to)."""
+    priced = price_candidate(spec, dict(t.params))
+    assert priced.train_spec is not None
+    return priced.train_spec
 
 
 def _rung_losses(trials: list[FrozenTrial], rung: int) -> dict[int, float]:
@@ -127,9 +135,7 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
         runs = t.user_attrs[ATTR_TRAIN]
         assert [r["rung"] for r in runs] == [0, 1, 2]
         # the main line: 3 + 6 + 18 steps = the straight run's 27; plus a branch per rung
-        priced = price_candidate(spec, dict(t.params))
-        assert priced.train_spec is not None
-        straight = train(priced.train_spec)
+        straight = train(_straight_spec(spec, t))
         assert runs[-1]["steps"] == straight.steps == STEPS
         assert t.values[0] == straight.final_val_loss  # bit for bit
         tokens = sum(r["tokens_seen"] for r in runs)
@@ -198,9 +204,7 @@ def test_hyperband_brackets_start_later_rungs_and_promote_within_their_bracket(
         assert set(best) <= went_on
     for t in trials:
         if t.state == TrialState.COMPLETE:
-            priced = price_candidate(parsed, dict(t.params))
-            assert priced.train_spec is not None
-            assert t.values[0] == train(priced.train_spec).final_val_loss
+            assert t.values[0] == train(_straight_spec(parsed, t)).final_val_loss
     assert _store_files(store) == []
 
 
@@ -249,11 +253,9 @@ def test_every_setting_and_seed_of_a_rung_resumes_its_own_checkpoint(
             ]
             assert rec["loss"] == pytest.approx(min(means))
         if t.state == TrialState.COMPLETE:  # each (setting, seed) ends as its straight run
-            priced = price_candidate(parsed, dict(t.params))
-            assert priced.train_spec is not None
-            last = [r for r in runs if r["rung"] == 2]
-            for r in last:
-                run = priced.train_spec.replace(lr=r["setting"]["lr"], seed=r["seed"])
+            straight = _straight_spec(parsed, t)
+            for r in [r for r in runs if r["rung"] == 2]:
+                run = straight.replace(lr=r["setting"]["lr"], seed=r["seed"])
                 assert r["final_val_loss"] == train(run).final_val_loss
 
 
@@ -283,9 +285,7 @@ def test_retrain_under_cosine_trains_each_rung_from_scratch(
         # every rung a run of its own share of the budget, from step 0
         assert [r["steps"] for r in runs] == [3, 9, STEPS]
         assert sum(r["tokens_seen"] for r in runs) == (3 + 9 + STEPS) * 4 * 32
-        priced = price_candidate(parse_spec(job.spec), dict(t.params))
-        assert priced.train_spec is not None
-        assert t.values[0] == train(priced.train_spec).final_val_loss
+        assert t.values[0] == train(_straight_spec(parse_spec(job.spec), t)).final_val_loss
 
 
 def test_a_corrupt_checkpoint_fails_its_trial_and_the_job_goes_on(
@@ -339,9 +339,7 @@ def test_a_runner_stopped_while_a_promoted_trial_trains_resumes_it(
         if t.number in lost:
             assert len(records(t)) >= 2  # the rung it was lost in was trained again
         if t.state == TrialState.COMPLETE:
-            priced = price_candidate(spec, dict(t.params))
-            assert priced.train_spec is not None
-            assert t.values[0] == train(priced.train_spec).final_val_loss
+            assert t.values[0] == train(_straight_spec(spec, t)).final_val_loss
         rungs = [r["rung"] for r in t.user_attrs[ATTR_TRAIN]]
         assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))  # no rung twice
         assert math.isfinite(t.user_attrs[ATTR_RUNGS][-1]["loss"])
@@ -408,9 +406,7 @@ def test_a_runner_sigkilled_while_a_promoted_trial_trains_resumes_it_from_its_ch
         if t.number in lost:
             assert len(records(t)) >= 2
         if t.state == TrialState.COMPLETE:
-            priced = price_candidate(parsed, dict(t.params))
-            assert priced.train_spec is not None
-            assert t.values[0] == train(priced.train_spec).final_val_loss  # bit for bit
+            assert t.values[0] == train(_straight_spec(parsed, t)).final_val_loss  # bit for bit
     assert _store_files(store) == []
     with Session() as s:
         assert s.get(Job, job.id).status == "completed"
