@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from cost_model._config import CostInputError
+import numpy as np
+
+from cost_model._config import CostInputError, _Derived
+
+T = TypeVar("T")
 
 RECOMPUTE_MODES: tuple[str, ...] = ("none", "selective", "full")
 
@@ -84,3 +89,66 @@ class Parallelism:
     @property
     def devices(self) -> int:
         return self.tensor * self.pipeline * self.data
+
+    def in_flight_chunks(self, stage: int, microbatches: int) -> int:
+        """Model chunks' activations stage `stage` (0-based) holds at its peak under 1F1B,
+        each chunk being L_b/(P·V) blocks of one micro-batch.
+
+        Non-interleaved (V = 1): the P − stage warm-up micro-batches plus the one in its
+        first backward, at most the m of the step: min(m, P − stage) (Narayanan et al. 2021,
+        §2.2.1; Megatron-LM's `get_forward_backward_func` warm-up). Interleaved (V > 1):
+        Megatron-LM's interleaved warm-up is 2·(P − stage − 1) + (V − 1)·P chunk steps, so
+        (V − 1)·P + 2·(P − stage − 1) + 1 chunks are in flight, at most V·m. On stage 0 that
+        is P·V·(1 + (P − 1)/(P·V)) chunks: the "interleaved schedule memory penalty" of
+        Megatron-LM's theoretical memory estimator
+        (`megatron/training/theoretical_memory_usage.py`)."""
+        p, v = self.pipeline, self.virtual
+        if v == 1:
+            return min(microbatches, p - stage)
+        return min(v * microbatches, (v - 1) * p + 2 * (p - stage - 1) + 1)
+
+
+def check_positions(cfg: _Derived, field: str, length: Any) -> None:
+    """Refuse a sequence longer than the architecture's learned position table.
+
+    With `positions="learned"` the model has seq_len position embeddings, so a training
+    sequence, a prefill or a decode context of more than seq_len tokens cannot be run; RoPE has
+    no such limit. `field` names the workload field in the error."""
+    if cfg.positions != "learned" or length is None:
+        return
+    over = np.asarray(length) > np.asarray(cfg.seq_len)
+    if not np.any(over):
+        return
+    if np.ndim(cfg.seq_len) == 0:
+        limit = f"seq_len = {cfg.seq_len}"
+    else:
+        limit = f"seq_len at {int(np.count_nonzero(over))} grid points"
+    raise CostInputError(
+        field,
+        f"{length} exceeds the architecture's {limit}: learned positions cover only seq_len tokens",
+    )
+
+
+def most_loaded(stages: Sequence[T], score: Callable[[T], Any]) -> T:
+    """The stage whose `score` is largest (the first on a tie).
+
+    For scalar results that stage's own object; for grids (numpy arrays per field) a result of
+    the same type whose every field is taken, point by point, from that point's largest stage.
+    """
+    if len(stages) == 1:
+        return stages[0]
+    scores = [np.asarray(score(s), dtype=np.float64) for s in stages]
+    shape = np.broadcast_shapes(*(a.shape for a in scores))
+    if shape == ():
+        return stages[int(np.argmax(scores))]
+    best = np.argmax(np.stack([np.broadcast_to(a, shape) for a in scores]), axis=0)
+    picked: dict[str, Any] = {}
+    for f in dataclasses.fields(stages[0]):  # type: ignore[arg-type]
+        values = np.stack(
+            [
+                np.broadcast_to(np.asarray(getattr(s, f.name), dtype=np.float64), shape)
+                for s in stages
+            ]
+        )
+        picked[f.name] = np.take_along_axis(values, best[None, ...], axis=0)[0]
+    return dataclasses.replace(stages[0], **picked)  # type: ignore[type-var]

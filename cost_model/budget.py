@@ -12,20 +12,31 @@ from cost_model.flops import training_flops_per_token
 from cost_model.params import param_count
 
 
-def tokens_for_budget(cfg: ArchConfig, flops_budget: float, causal: bool = True) -> int:
+def tokens_for_budget(
+    cfg: ArchConfig, flops_budget: float, causal: bool = True, recompute: str = "none"
+) -> int:
     """Training tokens a candidate gets for `flops_budget`: floor(C / FLOPs per token).
 
     Budgets use the causal count (Kaplan et al. 2020: 6·N + 6·n_layer·n_ctx·d_attn per token,
     here with the exact terms of `flops.forward_flops_per_token`), so every candidate of a
-    search spends the same useful compute."""
+    search spends the same useful compute. By default (recompute="none") the budget is in
+    *model FLOPs*: recomputation does not change what a candidate learns from, so every
+    candidate of a search is trained on the same useful compute whatever its layout; this is
+    what the service's jobs and the workers use. A budget in *hardware FLOPs* (what the
+    devices run) passes the workload's `recompute` mode: it buys fewer tokens under
+    recomputation, 3/4 of the blocks' share with full recomputation
+    (`flops.training_flops_per_token`)."""
     if not flops_budget > 0:
         raise CostInputError("flops_budget", f"must be positive, got {flops_budget}")
-    return int(flops_budget // training_flops_per_token(cfg, causal=causal))
+    return int(flops_budget // training_flops_per_token(cfg, causal=causal, recompute=recompute))
 
 
-def flops_for_tokens(cfg: ArchConfig, tokens: int, causal: bool = True) -> float:
-    """The compute of training `cfg` on `tokens` tokens (the inverse of `tokens_for_budget`)."""
-    return float(tokens * training_flops_per_token(cfg, causal=causal))
+def flops_for_tokens(
+    cfg: ArchConfig, tokens: int, causal: bool = True, recompute: str = "none"
+) -> float:
+    """The compute of training `cfg` on `tokens` tokens (the inverse of `tokens_for_budget`):
+    model FLOPs by default, hardware FLOPs with a recomputation mode."""
+    return float(tokens * training_flops_per_token(cfg, causal=causal, recompute=recompute))
 
 
 def _at_width(template: ArchConfig, n_layers: int, d_model: int, head_dim: int) -> ArchConfig:

@@ -11,11 +11,14 @@ P(P−1)/2·N_p·d + (V−1)·P²·N_p·d, and the peak per transition falls fro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
+
+import numpy as np
 
 from cost_model._config import _Derived
 from cost_model._workload import Parallelism, Workload
-from cost_model.params import param_count
+from cost_model.memory import stage_param_counts
 from cost_model.residuals import residual_of
 
 GRADIENT_BYTES = 4  # fp32 gradients are all-reduced
@@ -114,7 +117,13 @@ def tensor_parallel_bytes_per_step(
     return 4 * blocks * workload.microbatches * allreduce_bytes(message, parallel.tensor)
 
 
-def data_parallel_bytes_per_step(cfg: _Derived, parallel: Parallelism) -> Any:
-    """Gradient all-reduce over the data-parallel group, fp32, this rank's parameter shard."""
-    shard = param_count(cfg).total / (parallel.tensor * parallel.pipeline)
-    return allreduce_bytes(GRADIENT_BYTES * shard, parallel.data)
+def data_parallel_bytes_per_step(
+    cfg: _Derived, parallel: Parallelism, stage: int | None = None
+) -> Any:
+    """Gradient all-reduce over the data-parallel group of n = `parallel.data` ranks: the fp32
+    gradients of the parameters one device holds (`memory.stage_param_counts`), 4 B each, in a
+    ring: 2·(n − 1)/n × 4 × parameters bytes sent per device. `stage` picks a pipeline stage;
+    by default the stage holding the most parameters."""
+    counts = stage_param_counts(cfg, parallel)
+    params = reduce(np.maximum, counts) if stage is None else counts[stage]
+    return allreduce_bytes(GRADIENT_BYTES * params, parallel.data)

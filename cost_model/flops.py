@@ -8,6 +8,10 @@ activations, softmax, residual adds, RoPE) is left out, as in Kaplan et al. 2020
 
 The backward pass costs twice the forward (one product for the input gradient, one for the
 weight gradient), so a training step is 3× the forward: training ≈ 6·N·D + the attention term.
+These are *model FLOPs*. Activation recomputation runs part of the forward again: the device's
+*hardware FLOPs* add it (`recompute_flops_per_token`; the two terms as in Chowdhery et al.
+2022, *PaLM*, arXiv 2204.02311, App. B: model FLOPs utilisation against hardware FLOPs
+utilisation).
 
 All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
 """
@@ -17,7 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from cost_model._config import _Derived
+from cost_model._config import CostInputError, _Derived
+from cost_model._workload import RECOMPUTE_MODES, check_positions
 from cost_model.residuals import residual_of
 
 BACKWARD_FACTOR = 2  # backward = 2 × forward for every matrix product
@@ -95,13 +100,70 @@ def forward_flops_per_token(
     )
 
 
-def training_flops_per_token(cfg: _Derived, attended: Any = None, causal: bool = False) -> Any:
-    """Forward + backward FLOPs per trained token: (1 + 2) × forward."""
-    return (1 + BACKWARD_FACTOR) * forward_flops_per_token(cfg, attended, causal).total_flops
+def recompute_flops_per_token(
+    cfg: _Derived, recompute: str = "none", attended: Any = None, causal: bool = False
+) -> Any:
+    """Forward FLOPs per token that activation recomputation runs again in the backward pass.
+
+    - "full": every block's forward (its matrices, attention core and residual wiring), the
+      LM head's excluded (Megatron-LM checkpoints the blocks only). Narayanan et al. 2021,
+      *Efficient Large-Scale Language Model Training on GPU Clusters* (arXiv 2104.04473),
+      count 4 passes of 24·B·s·h² + 4·B·s²·h per layer and 3 of
+      the logits' 2·B·s·h·V: 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) per step.
+    - "selective": the attention core Q·Kᵀ and A·V, whose s×s products it does not keep
+      (Korthikanti et al. 2022, arXiv 2205.05198, §5): 4·L_b·attended·d.
+    - "none": 0.
+    A fused attention kernel also recomputes Q·Kᵀ in its own backward whatever the mode; that
+    is not counted here."""
+    if recompute not in RECOMPUTE_MODES:
+        raise CostInputError(
+            "recompute",
+            f"unknown value {recompute!r}; expected one of {', '.join(RECOMPUTE_MODES)}",
+        )
+    fwd = forward_flops_per_token(cfg, attended, causal)
+    if recompute == "full":
+        return fwd.total_flops - fwd.lm_head_flops
+    if recompute == "selective":
+        return fwd.attention_core_flops
+    return 0 * fwd.total_flops
+
+
+def training_flops_per_token(
+    cfg: _Derived, attended: Any = None, causal: bool = False, recompute: str = "none"
+) -> Any:
+    """Forward + backward FLOPs per trained token: (1 + 2) × forward, plus the forward work
+    `recompute` repeats (`recompute_flops_per_token`).
+
+    With recompute="none" (the default) these are *model FLOPs*, what the model needs whatever
+    the implementation: the figure a FLOPs budget counts (`budget.tokens_for_budget`).
+    With a recomputation mode they are *hardware FLOPs*, what the device runs: full
+    recomputation makes the blocks' share 4/3 of the model count (Narayanan et al. 2021,
+    96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h)) per step against 72·B·s·L·h²·(1 + s/(6h) +
+    V/(12·L·h)))."""
+    model = (1 + BACKWARD_FACTOR) * forward_flops_per_token(cfg, attended, causal).total_flops
+    if recompute == "none":
+        return model
+    return model + recompute_flops_per_token(cfg, recompute, attended, causal)
+
+
+def stage_training_flops_per_token(
+    cfg: _Derived, tensor: int, pipeline: int, recompute: str = "none", attended: Any = None
+) -> list[Any]:
+    """Hardware FLOPs per trained token on one device of each pipeline stage, stage 0 first.
+
+    Every stage runs L_b/P blocks (with their residual wiring, 1/P of it): 3× their forward
+    plus what `recompute` repeats; the last stage also runs the LM head, 3 × 2·d·V; all of it
+    split over the t tensor ranks (the vocabulary-parallel head included)."""
+    fwd = forward_flops_per_token(cfg, attended)
+    head = (1 + BACKWARD_FACTOR) * fwd.lm_head_flops
+    body = training_flops_per_token(cfg, attended, recompute=recompute) - head
+    stages = [body / (pipeline * tensor) for _ in range(pipeline)]
+    stages[-1] = stages[-1] + head / tensor
+    return stages
 
 
 def train_step_flops(cfg: _Derived, tokens: Any, causal: bool = False) -> Any:
-    """FLOPs of training on `tokens` tokens (sequences of cfg.seq_len)."""
+    """Model FLOPs of training on `tokens` tokens (sequences of cfg.seq_len)."""
     return tokens * training_flops_per_token(cfg, causal=causal)
 
 
@@ -109,7 +171,9 @@ def prefill_flops(cfg: _Derived, tokens: Any) -> Any:
     """Forward FLOPs of a causal prefill of `tokens` tokens, logits for the last one only.
 
     Token t (1-based) attends to t positions, so the attention term sums to
-    4·L_b·d·Σt = 2·L_b·d·T(T+1); the rest is per token."""
+    4·L_b·d·Σt = 2·L_b·d·T(T+1); the rest is per token. More tokens than a learned position
+    table holds are refused (`check_positions`)."""
+    check_positions(cfg, "prefill_tokens", tokens)
     fwd = forward_flops_per_token(cfg, attended=0)
     per_token = fwd.total_flops - fwd.lm_head_flops
     core = 2 * cfg.n_layers * cfg.d_model * tokens * (tokens + 1)
@@ -118,5 +182,7 @@ def prefill_flops(cfg: _Derived, tokens: Any) -> Any:
 
 def decode_flops_per_token(cfg: _Derived, context: Any) -> Any:
     """Forward FLOPs of decoding one token that attends to `context` cached positions
-    (itself included), with a KV cache."""
+    (itself included), with a KV cache. A context longer than a learned position table is
+    refused (`check_positions`)."""
+    check_positions(cfg, "decode_context", context)
     return forward_flops_per_token(cfg, attended=context).total_flops

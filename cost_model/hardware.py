@@ -1,8 +1,10 @@
 """Hardware presets and roofline time estimates.
 
 Peak figures are the vendors' dense (no sparsity) numbers: NVIDIA A100 datasheet (SXM4 80GB),
-H100 datasheet (SXM5), H200 product brief (SXM). The CPU profile describes a 2-core AVX2
-server core pair (2 FMA units × 8 fp32 lanes × 2 FLOPs × 3 GHz per core).
+H100 datasheet (SXM5), H200 product brief (SXM). The "cpu" preset's peak FLOP/s and memory
+bandwidth are measured on the machine (`cost_model.machine`: a float32 matmul and a memory
+copy, cached); `NOMINAL_CPU`, its fixed figures (`DEPTHSCOPE_CPU_PEAKS=nominal`), describes a
+2-core AVX2 server core pair (2 FMA units × 8 fp32 lanes × 2 FLOPs × 3 GHz per core).
 """
 
 from __future__ import annotations
@@ -30,6 +32,16 @@ class Hardware:
             raise CostInputError("dtype", f"{self.name} has no peak for {dtype!r}") from None
 
 
+#: The CPU's nominal figures; `get_hardware("cpu")` measures the peaks instead
+#: (`cost_model.machine.cpu_hardware`).
+NOMINAL_CPU = Hardware(
+    "cpu",
+    {"bfloat16": 192e9, "float16": 192e9, "float32": 192e9},
+    memory_bandwidth=20e9,
+    memory_bytes=24e9,
+    link_bandwidth=10e9,
+)
+
 PRESETS: dict[str, Hardware] = {
     "a100": Hardware(
         "a100",
@@ -52,17 +64,16 @@ PRESETS: dict[str, Hardware] = {
         memory_bytes=141e9,
         link_bandwidth=450e9,
     ),
-    "cpu": Hardware(
-        "cpu",
-        {"bfloat16": 192e9, "float16": 192e9, "float32": 192e9},
-        memory_bandwidth=20e9,
-        memory_bytes=24e9,
-        link_bandwidth=10e9,
-    ),
+    "cpu": NOMINAL_CPU,
 }
 
 
 def get_hardware(name: str) -> Hardware:
+    """The preset `name`; "cpu" with this machine's measured peaks (`cost_model.machine`)."""
+    if name.lower() == "cpu":
+        from cost_model.machine import cpu_hardware  # it imports this module
+
+        return cpu_hardware()
     try:
         return PRESETS[name.lower()]
     except KeyError:
@@ -73,8 +84,9 @@ def get_hardware(name: str) -> Hardware:
 
 @dataclass(frozen=True)
 class RooflineTime:
-    """Seconds: compute-bound and memory-bound times, communication, and the estimate
-    max(compute, memory) + communication + pipeline bubble (no overlap assumed)."""
+    """Seconds: compute-bound and memory-bound times, communication, the pipeline bubble, and
+    the estimate total = max(compute, memory) + communication + bubble (no overlap assumed).
+    """
 
     compute_s: Any
     memory_s: Any
@@ -103,12 +115,16 @@ def roofline(
     comm_bytes: Any = 0,
     bubble_fraction: float = 0.0,
 ) -> RooflineTime:
-    """Williams et al. 2009 roofline: time = max(FLOPs / peak, bytes / bandwidth), plus
-    link time for `comm_bytes` and the pipeline bubble as a fraction of compute."""
+    """Williams et al. 2009 roofline: busy time = max(FLOPs / peak, bytes / bandwidth) (FLOPs,
+    bytes, FLOP/s and bytes/s in, seconds out); plus link time comm_bytes / link bandwidth and
+    the pipeline bubble, `bubble_fraction` × the busy time (the bubble is idle time in
+    proportion to the ideal step time, Narayanan et al. 2021 §2.2: compute- or memory-bound
+    alike)."""
     compute = flops / hw.peak(dtype)
+    memory = bytes_moved / hw.memory_bandwidth
     return RooflineTime(
         compute_s=compute,
-        memory_s=bytes_moved / hw.memory_bandwidth,
+        memory_s=memory,
         comm_s=comm_bytes / hw.link_bandwidth,
-        bubble_s=bubble_fraction * compute,
+        bubble_s=bubble_fraction * np.maximum(compute, memory),
     )

@@ -12,12 +12,15 @@ All functions accept an `ArchConfig` (ints) or an `ArchGrid` (arrays).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import reduce
 from typing import Any
 
+import numpy as np
+
 from cost_model._config import _Derived
-from cost_model._workload import Parallelism, Workload
+from cost_model._workload import Parallelism, Workload, check_positions, most_loaded
 from cost_model.depth import cached_sources, live_sources
-from cost_model.params import param_count
+from cost_model.params import norm_params, param_count
 from cost_model.residuals import residual_of
 
 #: AdamW training with fp32 master weights: 4 (weights) + 4 (gradients) + 8 (two moments)
@@ -33,7 +36,8 @@ class ActivationSettings:
     """How activations are stored.
 
     act_bytes: bytes per activation element (None: the architecture's dtype).
-    dropout: dropout after attention probabilities and after each sublayer (1-byte masks).
+    dropout: dropout after the embedding, after attention probabilities and after each
+        sublayer (1-byte masks).
     fused_attention: a flash/SDPA kernel that keeps no s×s matrix (it saves Q, K, V, its
         output — the output projection's input, one tensor — and one fp32 log-sum-exp per
         query row and head).
@@ -69,7 +73,8 @@ class BlockActivations:
 
 @dataclass(frozen=True)
 class TrainingMemory:
-    """Peak training memory per device, in bytes."""
+    """Peak training memory per device, in bytes, of one pipeline stage (`stage`); from
+    `training_memory`, the most loaded stage's."""
 
     weights_bytes: Any
     gradient_bytes: Any
@@ -77,6 +82,7 @@ class TrainingMemory:
     activation_bytes: Any  # saved for backward: blocks + depth mixing + head
     depth_mixing_activation_bytes: Any  # the residual wiring's share of activation_bytes
     depth_sources_live_bytes: Any  # forward working set of depth sources (informative)
+    stage: Any = 0  # the pipeline stage these figures are of (0-based): the most loaded one
 
     @property
     def total_bytes(self) -> Any:
@@ -92,6 +98,7 @@ class TrainingMemory:
             "activation_bytes": self.activation_bytes,
             "depth_mixing_activation_bytes": self.depth_mixing_activation_bytes,
             "depth_sources_live_bytes": self.depth_sources_live_bytes,
+            "stage": self.stage,
             "total_bytes": self.total_bytes,
         }
 
@@ -174,16 +181,171 @@ def depth_mixing_activation_bytes(
 
 
 def head_activation_bytes(
-    cfg: _Derived, micro_batch: Any, seq_len: Any, settings: ActivationSettings | None = None
+    cfg: _Derived,
+    micro_batch: Any,
+    seq_len: Any,
+    settings: ActivationSettings | None = None,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
 ) -> Any:
-    """Final norm input (+ its extras), LM-head input, the fp32 log-softmax of the loss, and
-    the int64 token ids and targets."""
+    """What the last pipeline stage saves after the blocks, per micro-batch: the final norm's
+    input (+ its extras) and the LM head's input, 2·e·sbh (divided by t with sequence
+    parallelism, as the blocks' replicated terms), the fp32 log-softmax of the loss 4·sbV
+    (vocabulary-parallel cross-entropy: split over the t ranks, Shoeybi et al. 2019 §3), and
+    the int64 targets 8·sb.
+
+    Megatron-LM's estimator counts the same 4·sbh·(1 + V/h) bytes at e = 2
+    (`compute_activation_memory`, "inputs to output layer and CE loss")."""
     settings = settings or ActivationSettings()
     e = settings.act_bytes or cfg.dtype_bytes
     sb = seq_len * micro_batch
+    rep_div = tensor if sequence_parallel else 1
     stats = _norm_extra_bytes(cfg, e, sb) if settings.norm_stats else 0
-    ids = 2 * 8 * sb
-    return 2 * e * sb * cfg.d_model + stats + FP32 * sb * cfg.vocab_size + ids
+    targets = 8 * sb
+    return (
+        (2 * e * sb * cfg.d_model + stats) / rep_div + FP32 * sb * cfg.vocab_size / tensor + targets
+    )
+
+
+def embedding_activation_bytes(
+    cfg: _Derived,
+    micro_batch: Any,
+    seq_len: Any,
+    settings: ActivationSettings | None = None,
+    tensor: int = 1,
+    sequence_parallel: bool = False,
+) -> Any:
+    """What the first pipeline stage saves before the blocks, per micro-batch: the int64 token
+    ids 8·sb and, with dropout, the embedding dropout's 1-byte mask sbh (divided by t with
+    sequence parallelism). Megatron-LM's estimator: 8·s·b + s·b·h per micro-batch in flight
+    ("input to embedding", "dropout in embedding layer")."""
+    settings = settings or ActivationSettings()
+    sb = seq_len * micro_batch
+    rep_div = tensor if sequence_parallel else 1
+    mask = sb * cfg.d_model / rep_div if settings.dropout else 0 * cfg.d_model
+    return 8 * sb + mask
+
+
+def stage_param_counts(cfg: _Derived, parallel: Parallelism | None = None) -> list[Any]:
+    """Parameters one device of each pipeline stage holds, stage 0 first.
+
+    The L_b blocks are split evenly over the P stages (L_b/P each, a fraction when P does not
+    divide L_b). Megatron-LM's layout: the matrices (attention and MLP projections, their
+    biases) and the vocabulary-parallel embedding and head are split over the t tensor ranks
+    (Shoeybi et al. 2019, §3); the norm gains, learned positions and the residual wiring's own
+    parameters act on the replicated residual stream and are replicated. Stage 0 holds the
+    token (and position) embedding; the last stage the final norm, the AttnRes output
+    aggregation and the LM head, which with tied embeddings and P > 1 is a second copy of the
+    embedding (Megatron-LM keeps one on the last stage and all-reduces the two gradients).
+    The residual wiring's per-sublayer parameters sit with their sublayers: 1/P per stage.
+
+    Megatron-LM's `compute_weight_and_optimizer_memory` takes stage 0 as the most loaded:
+    (blocks/P + V·h)/t, plus V·h/t for an untied head when P = 1."""
+    parallel = parallel or Parallelism()
+    p, t = parallel.pipeline, parallel.tensor
+    counts = param_count(cfg)
+    norms_per_block = 2 * norm_params(cfg, cfg.d_model)
+    matrices = counts.attention + counts.mlp
+    per_stage = (matrices / t + cfg.n_layers * norms_per_block + counts.depth_mixing) / p
+    embedding = counts.embedding / t + counts.positions
+    final = norm_params(cfg, cfg.d_model) + counts.depth_aggregation
+    head = (counts.embedding if cfg.tie_embeddings else counts.lm_head) / t
+    if p == 1:
+        untied = 0 * head if cfg.tie_embeddings else head
+        return [per_stage + embedding + final + untied]
+    stages = [per_stage + 0 * embedding for _ in range(p)]
+    stages[0] = stages[0] + embedding
+    stages[-1] = stages[-1] + final + head
+    return stages
+
+
+def _stage_activations(
+    cfg: _Derived,
+    workload: Workload,
+    parallel: Parallelism,
+    settings: ActivationSettings,
+    stage: int,
+    chunks: int,
+) -> tuple[Any, Any]:
+    """(activation bytes, the residual wiring's share) of stage `stage` holding `chunks` model
+    chunks' activations (`Parallelism.in_flight_chunks`): chunks·L_b/(P·V) blocks, the
+    residual wiring's saved tensors in the same share (1/(P·V) of the model's per chunk), the
+    embedding's on stage 0 for chunks/V micro-batches, the head's on the last stage for one
+    (it holds a single micro-batch's at its peak). A later stage of an AttnRes or DenseFormer
+    pipeline also keeps the depth sources it received for their backward; they are not
+    counted here (the cross-stage traffic is, in `comm.pipeline_comm`)."""
+    s = workload.seq_len or cfg.seq_len
+    b = workload.micro_batch
+    t, sp = parallel.tensor, parallel.sequence_parallel
+    per_block = block_activations(cfg, b, s, workload.recompute, settings, t, sp).total_bytes
+    mixing_all = depth_mixing_activation_bytes(cfg, b, s, workload.recompute, settings.act_bytes)
+    share = chunks / parallel.chunks
+    blocks = share * cfg.n_layers * per_block
+    mixing = share * mixing_all
+    total = blocks + mixing
+    if stage == 0:
+        micro_batches = chunks / parallel.virtual
+        total = total + micro_batches * embedding_activation_bytes(cfg, b, s, settings, t, sp)
+    if stage == parallel.pipeline - 1:
+        total = total + head_activation_bytes(cfg, b, s, settings, t, sp)
+    return total, mixing
+
+
+def microbatch_activation_bytes_by_stage(
+    cfg: _Derived,
+    workload: Workload | None = None,
+    parallel: Parallelism | None = None,
+    settings: ActivationSettings | None = None,
+) -> list[Any]:
+    """Activation bytes each pipeline stage saves for one micro-batch (its V chunks, L_b/P
+    blocks, the embedding's on stage 0 and the head's on the last), stage 0 first: what a
+    micro-batch writes once and reads once per stage."""
+    workload = workload or Workload()
+    parallel = parallel or Parallelism()
+    settings = settings or ActivationSettings()
+    return [
+        _stage_activations(cfg, workload, parallel, settings, stage, parallel.virtual)[0]
+        for stage in range(parallel.pipeline)
+    ]
+
+
+def training_memory_by_stage(
+    cfg: _Derived,
+    workload: Workload | None = None,
+    parallel: Parallelism | None = None,
+    settings: ActivationSettings | None = None,
+) -> list[TrainingMemory]:
+    """Peak training memory of one device of every pipeline stage, stage 0 first.
+
+    Weights, gradients and optimizer state: 4 + 4 + 8 B per parameter the stage holds
+    (`stage_param_counts`). Activations: the stage's in-flight chunks under 1F1B
+    (`Parallelism.in_flight_chunks`) of `block_activations`, the residual wiring's saved
+    tensors, the embedding's (stage 0) and the head's (last stage). With V = 1 and m ≥ P,
+    stage 0 holds P micro-batches of L_b/P blocks: L_b blocks' worth (Korthikanti et al.
+    §4.2.3)."""
+    workload = workload or Workload()
+    parallel = parallel or Parallelism()
+    settings = settings or ActivationSettings()
+    s = workload.seq_len or cfg.seq_len
+    check_positions(cfg, "seq_len", s)
+    e = settings.act_bytes or cfg.dtype_bytes
+    live = e * live_sources(cfg) * cfg.d_model * s * workload.micro_batch
+    out = []
+    for stage, params in enumerate(stage_param_counts(cfg, parallel)):
+        chunks = parallel.in_flight_chunks(stage, workload.microbatches)
+        activations, mixing = _stage_activations(cfg, workload, parallel, settings, stage, chunks)
+        out.append(
+            TrainingMemory(
+                weights_bytes=WEIGHT_BYTES * params,
+                gradient_bytes=GRADIENT_BYTES * params,
+                optimizer_bytes=ADAMW_STATE_BYTES * params,
+                activation_bytes=activations,
+                depth_mixing_activation_bytes=mixing,
+                depth_sources_live_bytes=live,
+                stage=stage if np.ndim(params) == 0 else np.full(np.shape(params), stage),
+            )
+        )
+    return out
 
 
 def training_memory(
@@ -192,34 +354,14 @@ def training_memory(
     parallel: Parallelism | None = None,
     settings: ActivationSettings | None = None,
 ) -> TrainingMemory:
-    """Peak memory of one device training with AdamW.
+    """Peak memory of one device training with AdamW: that of the most loaded pipeline stage
+    (`training_memory_by_stage`, the stage with the largest total; `stage` says which).
 
-    Weights, gradients and optimizer state: 16 B per parameter, split over tensor × pipeline
-    ranks. Activations: L_b blocks of `block_activations` on the most loaded pipeline stage
-    (1F1B keeps P micro-batches of L_b/P blocks in flight on stage 0: L_b blocks' worth,
-    Korthikanti et al. §4.2.3), plus the residual wiring's saved tensors and the LM head.
+    Without pipelining: 16 B per parameter over the tensor ranks' shards, L_b blocks of
+    `block_activations`, the residual wiring's saved tensors, the embedding's and the head's.
     """
-    workload = workload or Workload()
-    parallel = parallel or Parallelism()
-    settings = settings or ActivationSettings()
-    s = workload.seq_len or cfg.seq_len
-    b = workload.micro_batch
-    shards = parallel.tensor * parallel.pipeline
-    params = param_count(cfg).total
-    blocks = block_activations(
-        cfg, b, s, workload.recompute, settings, parallel.tensor, parallel.sequence_parallel
-    ).total_bytes
-    mixing = depth_mixing_activation_bytes(cfg, b, s, workload.recompute, settings.act_bytes)
-    e = settings.act_bytes or cfg.dtype_bytes
-    activations = cfg.n_layers * blocks + mixing + head_activation_bytes(cfg, b, s, settings)
-    return TrainingMemory(
-        weights_bytes=WEIGHT_BYTES * params / shards,
-        gradient_bytes=GRADIENT_BYTES * params / shards,
-        optimizer_bytes=ADAMW_STATE_BYTES * params / shards,
-        activation_bytes=activations,
-        depth_mixing_activation_bytes=mixing,
-        depth_sources_live_bytes=e * live_sources(cfg) * cfg.d_model * s * b,
-    )
+    stages = training_memory_by_stage(cfg, workload, parallel, settings)
+    return most_loaded(stages, lambda m: m.total_bytes)
 
 
 @dataclass(frozen=True)
@@ -262,19 +404,31 @@ def prefill_depth_cache_bytes(
     return cached_sources(cfg) * held * cfg.d_model * cfg.dtype_bytes / shards
 
 
+def largest_stage_params(cfg: _Derived, parallel: Parallelism | None = None) -> Any:
+    """Parameters on one device of the pipeline stage that holds the most
+    (`stage_param_counts`)."""
+    return reduce(np.maximum, stage_param_counts(cfg, parallel))
+
+
 def inference_memory(
     cfg: _Derived, workload: Workload | None = None, parallel: Parallelism | None = None
 ) -> InferenceMemory:
-    """Weights (in the compute dtype) + KV cache at the decode context + the prefill's depth
-    cache, per device; sequence sharding over the tensor-parallel group."""
+    """Per device: the weights of the stage holding the most parameters
+    (`stage_param_counts`), in the compute dtype (e bytes each), + the KV cache at the decode
+    context, 2·L_b·kv·context·batch·e/(t·P), + the prefill's depth cache, sequence-sharded
+    over the tensor-parallel group. A prefill or decode context longer than a learned position
+    table is refused (`check_positions`)."""
     workload = workload or Workload()
     parallel = parallel or Parallelism()
     s = workload.seq_len or cfg.seq_len
+    check_positions(cfg, "prefill_tokens", workload.prefill_tokens)
+    check_positions(cfg, "decode_context", workload.decode_context)
+    check_positions(cfg, "seq_len", s)
     context = workload.decode_context or s
     tokens = workload.prefill_tokens or s
     shards = parallel.tensor * parallel.pipeline
     return InferenceMemory(
-        weights_bytes=param_count(cfg).total * cfg.dtype_bytes / shards,
+        weights_bytes=largest_stage_params(cfg, parallel) * cfg.dtype_bytes,
         kv_cache_bytes=kv_cache_bytes(cfg, context, workload.decode_batch, shards),
         depth_cache_bytes=prefill_depth_cache_bytes(
             cfg, tokens, parallel.tensor, workload.prefill_chunk
@@ -289,9 +443,14 @@ __all__ = [
     "TrainingMemory",
     "block_activations",
     "depth_mixing_activation_bytes",
+    "embedding_activation_bytes",
     "head_activation_bytes",
     "inference_memory",
     "kv_cache_bytes",
+    "largest_stage_params",
+    "microbatch_activation_bytes_by_stage",
     "prefill_depth_cache_bytes",
+    "stage_param_counts",
     "training_memory",
+    "training_memory_by_stage",
 ]

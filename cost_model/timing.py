@@ -5,18 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from cost_model._config import _Derived
-from cost_model._workload import Parallelism, Workload
+from cost_model._workload import Parallelism, Workload, check_positions, most_loaded
 from cost_model.comm import (
     allreduce_bytes,
     data_parallel_bytes_per_step,
     pipeline_comm,
     tensor_parallel_bytes_per_step,
 )
-from cost_model.flops import decode_flops_per_token, training_flops_per_token
+from cost_model.flops import (
+    decode_flops_per_token,
+    forward_flops_per_token,
+    stage_training_flops_per_token,
+)
 from cost_model.hardware import Hardware, RooflineTime, roofline
 from cost_model.io import residual_io
-from cost_model.memory import kv_cache_bytes, training_memory
-from cost_model.params import param_count
+from cost_model.memory import (
+    kv_cache_bytes,
+    microbatch_activation_bytes_by_stage,
+    stage_param_counts,
+)
 
 #: AdamW update per parameter: read weight, gradient and two moments (16 B), write weight and
 #: moments (12 B).
@@ -30,61 +37,86 @@ GRADIENT_TRAFFIC_BYTES = 8
 def train_step_time(
     cfg: _Derived, workload: Workload, parallel: Parallelism, hw: Hardware
 ) -> RooflineTime:
-    """One optimizer step on one device.
+    """One optimizer step on one device of the slowest pipeline stage (1F1B runs at the pace
+    of its slowest stage): the roofline (`hardware.roofline`) of each stage, the stage with the
+    largest total chosen.
 
-    FLOPs: training FLOPs per token × the step's tokens, split over tensor × pipeline ranks.
-    Bytes: weight reads and gradient accumulation per micro-batch, the AdamW update, each saved
-    activation written once and read once, and the residual-path I/O (`io.residual_io`) of
-    every sublayer for forward and backward (3×).
-    Communication: tensor-parallel all-reduces, pipeline traffic with cross-stage caching, the
-    data-parallel gradient all-reduce. Bubble: interleaved 1F1B.
+    FLOPs: the stage's hardware FLOPs per token (`flops.stage_training_flops_per_token`:
+    L_b/P blocks with the recomputation the workload asks for, the LM head on the last stage,
+    split over the t tensor ranks) × the step's s·b·m tokens.
+    Bytes: per micro-batch the stage's weights read 3× at e bytes and its fp32 gradients read
+    and written (8 B), the AdamW update (28 B per parameter), each activation of a micro-batch
+    written once and read once (`memory.microbatch_activation_bytes_by_stage`), and the
+    residual-path I/O (`io.residual_io`) of its 2·L_b/P sublayers for forward and backward (3×).
+    Communication: tensor-parallel all-reduces, pipeline traffic with cross-stage caching (1/P
+    of the step's), the data-parallel all-reduce of the stage's gradients. Bubble: interleaved
+    1F1B, (P − 1)/(V·m) of the busy time.
     """
     s = workload.seq_len or cfg.seq_len
+    check_positions(cfg, "seq_len", s)
     tokens = s * workload.micro_batch * workload.microbatches
-    model_shards = parallel.tensor * parallel.pipeline
-    flops = training_flops_per_token(cfg, attended=s) * tokens / model_shards
-    shard = param_count(cfg).total / model_shards
     e = cfg.dtype_bytes
-    mem = training_memory(cfg, workload, parallel)
-    weight_traffic = shard * (
-        workload.microbatches * (WEIGHT_READS_PER_MICROBATCH * e + GRADIENT_TRAFFIC_BYTES)
-        + OPTIMIZER_TRAFFIC_BYTES
+    params = stage_param_counts(cfg, parallel)
+    flops = stage_training_flops_per_token(
+        cfg, parallel.tensor, parallel.pipeline, workload.recompute, attended=s
     )
-    activation_traffic = 2 * mem.activation_bytes * workload.microbatches
+    activations = microbatch_activation_bytes_by_stage(cfg, workload, parallel)
     sublayers_here = cfg.n_sublayers / parallel.pipeline
     io_traffic = 3 * residual_io(cfg).bytes * sublayers_here * tokens
     pp = pipeline_comm(cfg, parallel, workload)
-    comm = (
+    shared_comm = (
         tensor_parallel_bytes_per_step(cfg, parallel, workload)
         + pp.cached_bytes_per_step / parallel.pipeline
-        + data_parallel_bytes_per_step(cfg, parallel)
     )
-    return roofline(
-        flops,
-        weight_traffic + activation_traffic + io_traffic,
-        hw,
-        cfg.dtype,
-        comm_bytes=comm,
-        bubble_fraction=pp.bubble_fraction,
-    )
+    stages = []
+    for stage in range(parallel.pipeline):
+        weight_traffic = params[stage] * (
+            workload.microbatches * (WEIGHT_READS_PER_MICROBATCH * e + GRADIENT_TRAFFIC_BYTES)
+            + OPTIMIZER_TRAFFIC_BYTES
+        )
+        activation_traffic = 2 * activations[stage] * workload.microbatches
+        stages.append(
+            roofline(
+                flops[stage] * tokens,
+                weight_traffic + activation_traffic + io_traffic,
+                hw,
+                cfg.dtype,
+                comm_bytes=shared_comm + data_parallel_bytes_per_step(cfg, parallel, stage),
+                bubble_fraction=pp.bubble_fraction,
+            )
+        )
+    return most_loaded(stages, lambda r: r.total_s)
 
 
 def decode_token_time(
     cfg: _Derived, workload: Workload, parallel: Parallelism, hw: Hardware
 ) -> RooflineTime:
-    """One decoding step for `decode_batch` sequences at `decode_context`.
+    """One decoding step for `decode_batch` sequences at `decode_context`, on one device of
+    the slowest pipeline stage (with P stages, P groups of sequences in flight; one sequence's
+    latency is the sum over the stages).
 
-    Memory-bound in practice: every weight and the whole KV cache are read once per step, plus
-    the residual-path I/O of every sublayer for every sequence; two tensor-parallel
-    all-reduces per block."""
+    The roofline of: FLOPs, the stage's L_b/P blocks at the context (and the LM head on the
+    last stage) per sequence, split over the t tensor ranks; bytes, the stage's weights at e
+    bytes and its share of the KV cache, 2·L_b·kv·context·batch·e/(t·P), read once per step,
+    plus the residual-path I/O of its sublayers for every sequence; communication, two
+    tensor-parallel all-reduces of batch·d·e bytes per block. No bubble term."""
     s = workload.seq_len or cfg.seq_len
+    check_positions(cfg, "seq_len", s)
     context = workload.decode_context or s
     batch = workload.decode_batch
-    model_shards = parallel.tensor * parallel.pipeline
-    flops = decode_flops_per_token(cfg, context) * batch / model_shards
-    weights = param_count(cfg).total * cfg.dtype_bytes / model_shards
-    kv = kv_cache_bytes(cfg, context, batch, model_shards)
-    io_traffic = residual_io(cfg).bytes * cfg.n_sublayers / parallel.pipeline * batch
+    t, p = parallel.tensor, parallel.pipeline
+    fwd = forward_flops_per_token(cfg, attended=context)
+    per_token = decode_flops_per_token(cfg, context)
+    body = (per_token - fwd.lm_head_flops) / (t * p)
+    kv = kv_cache_bytes(cfg, context, batch, t * p)
+    io_traffic = residual_io(cfg).bytes * cfg.n_sublayers / p * batch
     message = batch * cfg.d_model * cfg.dtype_bytes
-    comm: Any = 2 * cfg.n_layers / parallel.pipeline * allreduce_bytes(message, parallel.tensor)
-    return roofline(flops, weights + kv + io_traffic, hw, cfg.dtype, comm_bytes=comm)
+    comm: Any = 2 * cfg.n_layers / p * allreduce_bytes(message, t)
+    stages = []
+    for stage, params in enumerate(stage_param_counts(cfg, parallel)):
+        flops = body + (fwd.lm_head_flops / t if stage == p - 1 else 0)
+        weights = params * cfg.dtype_bytes
+        stages.append(
+            roofline(flops * batch, weights + kv + io_traffic, hw, cfg.dtype, comm_bytes=comm)
+        )
+    return most_loaded(stages, lambda r: r.total_s)

@@ -21,7 +21,8 @@ from cost_model import (
     price_many,
 )
 
-WL = Workload(micro_batch=4, seq_len=512, microbatches=8, prefill_tokens=4096, prefill_chunk=1024)
+# prefill and decode within seq_len: a learned position table refuses longer ones
+WL = Workload(micro_batch=4, seq_len=512, microbatches=8, prefill_tokens=512, prefill_chunk=128)
 PAR = Parallelism(tensor=2, pipeline=2, virtual=2, data=4, sequence_parallel=True)
 
 
