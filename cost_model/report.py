@@ -8,7 +8,7 @@ metrics that search objectives, constraints and Pareto queries refer to (`METRIC
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,14 +207,12 @@ def price_grid(
 _NUMERIC = ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len")
 
 
-def price_many(
+def grid_groups(
     configs: Sequence[ArchConfig],
-    workload: Workload | None = None,
-    parallel: Parallelism | None = None,
-    hardware: str | Hardware = "h100",
-) -> dict[str, np.ndarray]:
-    """Metrics of arbitrary candidates, in input order: candidates that share their
-    categorical fields are priced together as one `ArchGrid`."""
+) -> Iterator[tuple[list[int], ArchConfig, dict[str, np.ndarray]]]:
+    """Arbitrary candidates as grids: per group of candidates that share their categorical
+    fields (and their query/KV grouping), the members' indices in `configs`, the first member
+    (the grid's base) and the numeric axes of `ArchGrid.build`."""
     groups: dict[tuple[Any, ...], list[int]] = {}
     for i, cfg in enumerate(configs):
         key = (
@@ -229,7 +227,6 @@ def price_many(
             cfg.n_heads // cfg.kv_heads,
         )
         groups.setdefault(key, []).append(i)
-    out = {name: np.full(len(configs), np.nan) for name in METRICS}
     for idx in groups.values():
         first = configs[idx[0]]
         members = [configs[i] for i in idx]
@@ -238,6 +235,19 @@ def price_many(
         axes["n_kv_heads"] = np.array([c.kv_heads for c in members])
         if residual_of(first).has_block_size:
             axes["block_size"] = np.array([c.block_size for c in members])
+        yield idx, first, axes
+
+
+def price_many(
+    configs: Sequence[ArchConfig],
+    workload: Workload | None = None,
+    parallel: Parallelism | None = None,
+    hardware: str | Hardware = "h100",
+) -> dict[str, np.ndarray]:
+    """Metrics of arbitrary candidates, in input order: candidates that share their
+    categorical fields are priced together as one `ArchGrid` (`grid_groups`)."""
+    out = {name: np.full(len(configs), np.nan) for name in METRICS}
+    for idx, first, axes in grid_groups(configs):
         prices = price_grid(first, workload, parallel, hardware, **axes)
         for name, values in prices.metrics.items():
             out[name][idx] = values
