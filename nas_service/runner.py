@@ -126,7 +126,7 @@ class Runner(TrialOutcomes):
         self.Session = make_sessionmaker(self.engine)
         # it owns its jobs' unfinished trials (the lease): re-read only those it wrote
         self.storage: optuna.storages.BaseStorage = OwnedTrials(
-            optuna_storage(settings.database_url)
+            optuna_storage(settings.database_url), uncounted=ATTR_LOST
         )
         self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
         self.flights: list[Flight] = []
@@ -154,6 +154,11 @@ class Runner(TrialOutcomes):
 
     @staticmethod
     def counted(study: optuna.Study) -> int:
+        """The study's finished trials that count towards `n_trials` (lost ones don't): the
+        runner's storage keeps the count (`OwnedTrials.finished_count`); any other counts."""
+        storage = study._storage
+        if isinstance(storage, OwnedTrials) and storage.uncounted == ATTR_LOST:
+            return storage.finished_count(study._study_id, COUNTED)
         return sum(
             1
             for t in study.get_trials(deepcopy=False, states=COUNTED)

@@ -16,11 +16,21 @@ storage object wrote to it (the database stays the source of truth: a written tr
 back as the database has it), plus the trials created since the last read; a read costs
 O(trials written since), and a trial's own writes are a constant number. Use it only in the
 process that holds the lease; every other reader keeps Optuna's storage.
+
+Two reads the runner makes on every pass of its loop would still cost O(trials recorded)
+(`bench/scale.py` measured the runner's time per trial growing with the study: 57 ms per
+trial over 20,000 trials, utilisation 89% at 1,000 workers): counting the finished trials,
+and Optuna's `ask`, which lists the WAITING trials by filtering and sorting every cached
+trial. So the storage keeps, as trials enter its cache, a tally of its finished trials per
+state (a finished trial never changes again; one marked `uncounted` is tallied apart), and
+answers a read of unfinished states from its set of unfinished trials alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections import Counter
+from collections.abc import Container, Iterable, Sequence
 from typing import Any
 
 from optuna.distributions import BaseDistribution
@@ -33,11 +43,58 @@ class OwnedTrials(_CachedStorage):
     """`_CachedStorage` that trusts its cached copy of an unfinished trial until it writes
     to that trial itself (see the module)."""
 
-    def __init__(self, backend: RDBStorage) -> None:
+    def __init__(self, backend: RDBStorage, uncounted: str | None = None) -> None:
+        """`uncounted`: a user attribute that, when truthy on a finished trial, keeps it out
+        of `finished_count` (the runner's lost trials: set before the trial is failed)."""
         super().__init__(backend)
+        self._uncounted = uncounted
         self._written: set[int] = set()  # trial ids written since they were last read
         self._newest: dict[int, int] = {}  # per study: the largest trial id read
         self._loaded: set[int] = set()  # studies read in full once
+        self._tally: dict[int, Counter[TrialState]] = {}  # per study: finished, by state
+        self._tallied: set[int] = set()  # trial ids in a tally (or set apart as uncounted)
+
+    @property
+    def uncounted(self) -> str | None:
+        return self._uncounted
+
+    def _add_trials_to_cache(self, study_id: int, trials: list[FrozenTrial]) -> None:
+        super()._add_trials_to_cache(study_id, trials)
+        tally = self._tally.setdefault(study_id, Counter())
+        for trial in trials:
+            if not trial.state.is_finished() or trial._trial_id in self._tallied:
+                continue
+            self._tallied.add(trial._trial_id)
+            if self._uncounted is None or not trial.user_attrs.get(self._uncounted):
+                tally[trial.state] += 1
+
+    def finished_count(self, study_id: int, states: Iterable[TrialState]) -> int:
+        """The study's finished trials in `states`, less those marked `uncounted`: what
+        `get_all_trials` would give, filtered, counted, in O(trials changed since the last
+        read)."""
+        self._read_trials_from_remote_storage(study_id)
+        with self._lock:
+            tally = self._tally.get(study_id, Counter())
+            return sum(tally[state] for state in states)
+
+    def get_all_trials(
+        self,
+        study_id: int,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+    ) -> list[FrozenTrial]:
+        """As `_CachedStorage`; a read of unfinished states only (`ask` listing the WAITING
+        trials, recovery the RUNNING ones) looks at the unfinished trials alone."""
+        finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        if states is None or any(state in states for state in finished):
+            return super().get_all_trials(study_id, deepcopy, states)
+        self._read_trials_from_remote_storage(study_id)
+        with self._lock:
+            study = self._studies[study_id]
+            place = self._trial_id_to_study_id_and_number
+            unfinished = (study.trials[place[i][1]] for i in study.unfinished_trial_ids)
+            trials = sorted((t for t in unfinished if t.state in states), key=lambda t: t.number)
+            return copy.deepcopy(trials) if deepcopy else trials
 
     def _wrote(self, trial_id: int) -> None:
         with self._lock:

@@ -1,0 +1,110 @@
+"""The runner's study cache (`nas_service.study_cache.OwnedTrials`) answers exactly what the
+database holds: after any sequence of the runner's own writes, its trials, its WAITING and
+RUNNING lists and its finished count equal a fresh reader's, on a real SQLite database."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from nas_service.jobs import optuna_storage
+from nas_service.runner import COUNTED, Runner
+from nas_service.search import ATTR_LOST
+from nas_service.study_cache import OwnedTrials
+
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+
+def _fresh(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=name, storage=optuna_storage(url))
+    return study.get_trials(deepcopy=False)
+
+
+def _expected_count(trials: list[optuna.trial.FrozenTrial]) -> int:
+    return sum(1 for t in trials if t.state in COUNTED and not t.user_attrs.get(ATTR_LOST))
+
+
+def _summary(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[object, ...]]:
+    return [(t.number, t.state, t.values, t.params, sorted(t.user_attrs.items())) for t in trials]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_owned_trials_equal_a_fresh_reader_after_random_writes(tmp_path: Path, seed: int) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    rng = random.Random(seed)
+    running: list[optuna.Trial] = []
+    for step in range(120):
+        op = rng.random()
+        if op < 0.15:
+            study.enqueue_trial({"x": rng.uniform(0, 1)})
+        elif op < 0.5 or not running:
+            trial = study.ask()
+            trial.suggest_float("x", 0, 1)
+            running.append(trial)
+        else:
+            trial = running.pop(rng.randrange(len(running)))
+            kind = rng.random()
+            if kind < 0.5:
+                study.tell(trial, trial.params["x"])
+            elif kind < 0.7:
+                study.tell(trial, state=TrialState.PRUNED)
+            elif kind < 0.85:  # lost: marked before it is failed, as recovery does
+                trial.set_user_attr(ATTR_LOST, True)
+                study.tell(trial, state=TrialState.FAIL)
+            else:
+                trial.set_user_attr("note", step)
+                study.tell(trial, state=TrialState.FAIL)
+        if step % 10 == 9:
+            fresh = _fresh(url, "s")
+            assert Runner.counted(study) == _expected_count(fresh)
+            assert storage.finished_count(study._study_id, COUNTED) == _expected_count(fresh)
+            for states in ((TrialState.WAITING,), (TrialState.RUNNING,), COUNTED, None):
+                mine = study.get_trials(deepcopy=False, states=states)
+                theirs = [t for t in fresh if states is None or t.state in states]
+                assert _summary(mine) == _summary(theirs), states
+    assert Runner.counted(study) == _expected_count(_fresh(url, "s"))
+    assert any(t.user_attrs.get(ATTR_LOST) for t in _fresh(url, "s"))
+
+
+def test_a_reopened_cache_counts_what_an_earlier_one_wrote(tmp_path: Path) -> None:
+    """A new runner's storage (after a restart) reads the study in full once: the tally
+    starts from the database, lost trials kept apart."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    first = optuna.create_study(study_name="s", storage=OwnedTrials(optuna_storage(url)))
+    for i in range(5):
+        trial = first.ask()
+        if i == 2:
+            trial.set_user_attr(ATTR_LOST, True)
+            first.tell(trial, state=TrialState.FAIL)
+        else:
+            first.tell(trial, float(i))
+    first.enqueue_trial({})
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = optuna.load_study(study_name="s", storage=storage)
+    assert Runner.counted(study) == 4
+    assert [t.number for t in study.get_trials(states=(TrialState.WAITING,))] == [5]
+    popped = study.ask()  # the WAITING trial, found in the unfinished set
+    assert popped.number == 5
+    study.tell(popped, 1.0)
+    assert Runner.counted(study) == 5
+    assert study.get_trials(states=(TrialState.WAITING,)) == []
+
+
+def test_counted_on_optunas_own_storage_is_the_same(tmp_path: Path) -> None:
+    """Any other storage (a reader, the benchmark's comparison) counts by listing."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    study = optuna.create_study(study_name="s", storage=optuna_storage(url))
+    for i in range(4):
+        trial = study.ask()
+        if i == 1:
+            trial.set_user_attr(ATTR_LOST, True)
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, state=TrialState.PRUNED)
+    assert Runner.counted(study) == 3
