@@ -152,7 +152,14 @@ def child(args: argparse.Namespace) -> int:
 
         runner.storage = optuna_storage(args.database_url)
     backend.started = time.perf_counter()
-    runner.run(poll_s=0, timeout_s=args.timeout)
+    if args.profile:  # the runner's loop under cProfile, written when the life ends
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.runcall(runner.run, poll_s=0, timeout_s=args.timeout)
+        profile.dump_stats(args.profile)
+    else:
+        runner.run(poll_s=0, timeout_s=args.timeout)
     backend.write(final=True)
     return 0
 
@@ -197,6 +204,7 @@ def start_child(args: argparse.Namespace, url: str, stats: Path, log: Any) -> su
         str(args.timeout),
         "--storage",
         args.storage,
+        *(["--profile", str(args.profile)] if args.profile else []),
     ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
 
@@ -397,6 +405,9 @@ def main() -> int:
         help="the runner's study cache: its own (default) or Optuna's, for comparison",
     )
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--profile", type=Path, help="cProfile of the runner's last life to FILE (pstats)"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--database-url", help=argparse.SUPPRESS)
     parser.add_argument("--stats", help=argparse.SUPPRESS)
