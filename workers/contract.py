@@ -242,6 +242,13 @@ class EvalPoint:
     elapsed_s: float
 
 
+#: How a run's `peak_memory_bytes` is measured: on CUDA the allocator's peak
+#: (`torch.cuda.max_memory_allocated`); on the CPU `state_bytes + saved_tensor_bytes` (the
+#: terms of `cost_model.training_memory`: weights, gradients, optimizer state, activations),
+#: or, where the saved tensors are not measured (a compiled model), the peak RSS.
+MEMORY_KINDS = ("cuda_max_allocated", "cpu_saved_tensors", "cpu_peak_rss")
+
+
 @dataclass
 class TrainResult:
     """The outcome of one run. `status` is completed, stopped (by the callback) or diverged.
@@ -265,13 +272,20 @@ class TrainResult:
     eval_time_s: float  # part of wall_time_s spent evaluating
     tokens_per_s: float  # training throughput: tokens / (wall time − evaluation time)
     peak_memory_bytes: int
-    memory_kind: str  # cuda_max_allocated | cpu_peak_rss
+    memory_kind: str  # MEMORY_KINDS: how peak_memory_bytes was measured
     device: str
     params: int
     corpus: dict[str, Any] = field(default_factory=dict)
     start_step: int = 0
     branch_steps: int = 0  # decay-branch steps trained after the main line
     checkpoint: str | None = None  # the key of the main line's state saved by this run
+    device_name: str = ""  # "cpu", or the CUDA device's name (torch.cuda.get_device_name)
+    #: bytes of the distinct storages autograd saved for backward in the run's first step,
+    #: parameters excluded (the measured activation memory; 0 when not measured)
+    saved_tensor_bytes: int = 0
+    #: bytes of the parameters, their gradients and the optimizer's state (AdamW's moments)
+    state_bytes: int = 0
+    peak_rss_bytes: int = 0  # the process's peak resident set (the allocator's cache included)
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

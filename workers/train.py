@@ -15,6 +15,7 @@ initial Transformer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -63,6 +64,61 @@ def resolve_device(requested: str) -> torch.device:
             raise TrainSpecError("device", "cuda requested but no CUDA device is present")
         return torch.device("cuda")
     return torch.device("cpu")
+
+
+class SavedTensors:
+    """The bytes autograd saves for backward while `hooks()` is active: every distinct
+    storage a saved tensor lives in (a storage saved twice, or views of one, counted once, by
+    its address), the model's parameters excluded (they are the weights, not activations).
+    This is what `cost_model.training_memory` calls `activation_bytes` (the conformance
+    suite, `tests/workers/test_model_conformance.py`, checks the two agree per variant). The
+    saved tensors are held by the graph until backward, so no two of them share an address.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        self.storages: dict[int, int] = {}  # address -> bytes
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        address = storage.data_ptr()
+        if address not in self.parameters:
+            self.storages[address] = storage.nbytes()
+        return t
+
+    def hooks(self) -> Any:
+        """The context in which the saved tensors are counted (the pack hook records and
+        returns the tensor itself: nothing is copied)."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Bytes of the training state: every parameter, a gradient of each trainable one (of its
+    dtype), and the optimizer's state tensors (AdamW: two moments and a step count per
+    parameter, once it has stepped)."""
+    params = list(model.parameters())
+    weights = sum(p.nbytes for p in params)
+    grads = sum(p.nbytes for p in params if p.requires_grad)
+    optimizer = sum(
+        v.nbytes for state in opt.state.values() for v in state.values() if torch.is_tensor(v)
+    )
+    return int(weights + grads + optimizer)
+
+
+def device_name(device: torch.device) -> str:
+    """The device kind a run records: "cpu", or the CUDA device's name
+    (`torch.cuda.get_device_name`, e.g. "NVIDIA H200")."""
+    if device.type == "cuda":
+        return str(torch.cuda.get_device_name(device))
+    return device.type
 
 
 def _rss_bytes() -> int:
@@ -265,6 +321,9 @@ def training_run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     peak_rss = _rss_bytes()
+    # the first step's saved tensors and training state (a compiled graph saves its own)
+    meter = None if spec.compile else SavedTensors(model)
+    saved_bytes = held_bytes = 0
 
     curve: list[EvalPoint] = []
     status, reason = "completed", _trained(spec, steps, stop_at)
@@ -275,9 +334,12 @@ def training_run(
     model.train()
     for step in range(spec.start_step, stop_at):
         set_learning_rates(opt, spec, step, steps)
+        saved = meter if step == spec.start_step else None
         train_loss, failure = optimizer_step(
-            step_model, model, opt, next(batches), spec, explode_at, f"step {step}"
+            step_model, model, opt, next(batches), spec, explode_at, f"step {step}", saved
         )
+        if saved is not None:
+            saved_bytes, held_bytes = saved.bytes, state_bytes(model, opt)
         if failure is not None:
             status, reason = "diverged", failure
             break
@@ -332,10 +394,13 @@ def training_run(
         if failure is not None:
             status, reason = "diverged", failure
     wall = time.perf_counter() - start
+    peak_rss = max(peak_rss, _rss_bytes())
     if device.type == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
-    else:
-        peak, kind = max(peak_rss, _rss_bytes()), "cpu_peak_rss"
+    elif meter is not None:  # the terms of cost_model.training_memory, as measured
+        peak, kind = held_bytes + saved_bytes, "cpu_saved_tensors"
+    else:  # RSS includes the allocator's cache and the interpreter: an upper bound
+        peak, kind = peak_rss, "cpu_peak_rss"
     tokens_seen = (done - spec.start_step + branch) * spec.tokens_per_step
     vals = [v for v in [*(p.val_loss for p in curve), final_val] if math.isfinite(v)]
     log.info("%s: %s (%d steps, %.1fs)", cfg.variant, reason, done, wall)
@@ -361,6 +426,10 @@ def training_run(
         start_step=spec.start_step,
         branch_steps=branch,
         checkpoint=checkpoint,
+        device_name=device_name(device),
+        saved_tensor_bytes=saved_bytes,
+        state_bytes=held_bytes,
+        peak_rss_bytes=peak_rss,
     )
 
 
@@ -372,13 +441,15 @@ def optimizer_step(
     spec: TrainSpec,
     explode_at: float,
     where: str,
+    saved: SavedTensors | None = None,
 ) -> tuple[float, str | None]:
     """One training step on `batch` at the learning rates already set: forward, backward,
     gradient clipping, AdamW. Returns the training loss and, when the step diverged (a loss
-    that is NaN or above `explode_at`, a non-finite gradient norm; no update then), why."""
+    that is NaN or above `explode_at`, a non-finite gradient norm; no update then), why.
+    With `saved`, the forward's saved tensors are counted there."""
     device = next(model.parameters()).device
     x, y = (t.to(device, non_blocking=True) for t in batch)
-    with _autocast(device):
+    with _autocast(device), saved.hooks() if saved is not None else contextlib.nullcontext():
         _, loss = step_model(x, y)
     train_loss = float(loss.item())
     if not math.isfinite(train_loss) or train_loss > explode_at:

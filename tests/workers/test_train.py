@@ -66,7 +66,7 @@ def test_training_learns_and_reports(corpus: Corpus) -> None:
     assert result.final_val_loss == result.curve[-1].val_loss
     assert result.final_val_loss < 3.3  # bytes of Python source: far below uniform (5.55)
     assert result.tokens_per_s > 0 and result.wall_time_s > 0
-    assert result.peak_memory_bytes > 0 and result.memory_kind == "cpu_peak_rss"
+    assert result.peak_memory_bytes > 0 and result.memory_kind == "cpu_saved_tensors"
     assert result.corpus["name"] == corpus.info.name
     assert result.corpus["checksum"] == corpus.info.checksum
     assert result.params == 2 * (4 * 64 * 64 + 2 * 64 * 256) + 5 * 64 + 256 * 64
