@@ -27,7 +27,15 @@ from typing import Any
 
 import optuna
 
-from cost_model import ArchConfig, Parallelism, Workload, get_hardware, price
+from cost_model import (
+    ArchConfig,
+    LayoutSpace,
+    Parallelism,
+    Workload,
+    get_hardware,
+    price,
+    search_layout,
+)
 from cost_model.residuals import DEPTH_MIXED
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
 from nas_service.spec import CandidateSpace, JobSpec, Training, build_candidate
@@ -176,6 +184,27 @@ def _cost_metrics(
     return tuple((k, float(v)) for k, v in report.metrics().items())
 
 
+@functools.lru_cache(maxsize=COST_CACHE_SIZE)
+def _best_layout_metrics(
+    arch: ArchConfig,
+    workload: Workload,
+    space: LayoutSpace,
+    hardware: str,
+    memory_cap_bytes: float | None,
+) -> tuple[tuple[tuple[str, float], ...], str]:
+    """`cost.layout: auto`: every cost metric of `arch` at its fastest layout of `space`
+    (`cost_model.search_layout`) and that layout's `LAYOUT_METRICS`, as immutable pairs, and
+    an empty reason; or no pairs and the reason no layout is feasible."""
+    hw = get_hardware(hardware)
+    found = search_layout(arch, space, workload, hw, memory_cap_bytes)
+    if found.best is None:
+        return (), found.reason
+    best = found.best.layout
+    report = price(arch, best.workload(workload), best.parallelism(), hw)
+    metrics = {k: float(v) for k, v in report.metrics().items()} | found.metrics()
+    return tuple(metrics.items()), ""
+
+
 @dataclass
 class Priced:
     """A candidate after pricing: its arch and metrics, or why it is not trained."""
@@ -205,7 +234,17 @@ def price_candidate(
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
     arch = candidate.arch
     workload, layout = spec.cost.workload(spec.training), spec.cost.parallelism()
-    metrics = dict(_cost_metrics(arch, workload, layout, spec.cost.hardware))
+    if spec.cost.layout == "auto":
+        cost = spec.cost
+        pairs, why = _best_layout_metrics(
+            arch, workload, cost.layout_space(), cost.hardware, cost.memory_cap_bytes
+        )
+        if not pairs:
+            reason = f"no parallel layout: {why}"
+            return Priced(params, arch.to_dict(), {}, "infeasible", reason, None)
+        metrics = dict(pairs)
+    else:
+        metrics = dict(_cost_metrics(arch, workload, layout, spec.cost.hardware))
     for constraint in spec.constraints:
         value = metrics[constraint.metric]
         if value > constraint.max:
@@ -244,6 +283,10 @@ def train_summary(result: TrainResult) -> dict[str, Any]:
         "peak_memory_bytes": result.peak_memory_bytes,
         "memory_kind": result.memory_kind,
         "device": result.device,
+        "device_name": result.device_name,
+        "saved_tensor_bytes": result.saved_tensor_bytes,
+        "state_bytes": result.state_bytes,
+        "peak_rss_bytes": result.peak_rss_bytes,
         "corpus": result.corpus,
     }
 

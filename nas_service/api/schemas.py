@@ -29,6 +29,15 @@ from cost_model import (
 )
 from nas_service.db.models import JobStatus, TrialStatus
 from nas_service.spec import JobSpec
+from nas_service.spec.model import (
+    MAX_DEVICES,
+    MAX_GLOBAL_BATCH,
+    MAX_MEMORY_CAP_BYTES,
+    MAX_SEARCH_VIRTUAL,
+)
+
+#: The most feasible layouts `POST /v1/cost` lists (`feasible_layouts`).
+MAX_FEASIBLE_LISTED = 1000
 
 #: A parameter or an architecture field: a number, a string, a flag or nothing.
 Scalar = int | float | str | bool | None
@@ -452,7 +461,14 @@ ParallelismIn = _model_of(Parallelism, "ParallelismIn")
 
 
 class CostRequest(BaseModel):
-    """Strict: a number given as a string, a boolean as a number, … is refused (422)."""
+    """Strict: a number given as a string, a boolean as a number, … is refused (422).
+
+    `layout: fixed` prices the `parallelism` and `workload` given. `layout: auto` searches
+    the fastest layout on `devices` devices for a global batch of `global_batch` sequences
+    (default 8 per device) within `memory_cap_bytes` per device (default: the hardware's),
+    with up to `max_virtual` virtual stages (`cost_model.search_layout`), and lists the
+    `feasible_layouts` fastest feasible ones; it takes no `parallelism`, nor the workload's
+    `micro_batch`, `microbatches` or `recompute` (it searches them)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -460,6 +476,14 @@ class CostRequest(BaseModel):
     workload: WorkloadIn = Field(default_factory=WorkloadIn)  # type: ignore[valid-type]
     parallelism: ParallelismIn = Field(default_factory=ParallelismIn)  # type: ignore[valid-type]
     hardware: str = Field(default="h100", max_length=64)
+    layout: Literal["fixed", "auto"] = "fixed"
+    devices: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    memory_cap_bytes: float | None = Field(
+        default=None, gt=0, le=MAX_MEMORY_CAP_BYTES, allow_inf_nan=False
+    )
+    max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
+    feasible_layouts: int = Field(default=0, ge=0, le=MAX_FEASIBLE_LISTED)
 
 
 class CostRead(BaseModel):
@@ -469,3 +493,156 @@ class CostRead(BaseModel):
 
     arch: dict[str, Scalar]
     cost: dict[str, Value]
+    #: With `layout: auto`, the search (`LayoutSearch.as_dict`: the best layout, its step
+    #: time, memory and link bytes, how many layouts were searched and fit, the feasible list);
+    #: the report in `cost` is priced at the best layout.
+    layout: dict[str, Value] | None = None
+
+
+# -- the dashboard's reads (`api/dashboard_api.py`) -------------------------------------------
+class SpecText(BaseModel):
+    """A job spec as text, YAML or JSON, pasted or uploaded in the dashboard."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: str = Field(max_length=1 << 20, description="the spec as YAML (or JSON) text")
+
+
+class ParsedSpec(BaseModel):
+    """The text's mapping, as JSON, to submit to `POST /v1/jobs` (which validates it); or,
+    where the text is no YAML mapping JSON can carry, `spec` null and the errors, each
+    naming where in the text (`text` for the document itself)."""
+
+    spec: dict[str, Value] | None
+    errors: list[dict[str, str]]
+
+
+class MetricInfo(BaseModel):
+    unit: str  # parameters | FLOPs | bytes | seconds | loss
+    description: str
+
+
+class CatalogueRead(BaseModel):
+    """What the dashboard offers to pick from: every metric a job can record (the measured
+    loss and the cost model's `METRICS`) with its unit, the residual variants, the hardware
+    presets."""
+
+    metrics: dict[str, MetricInfo]
+    variants: list[str]
+    hardware: list[str]
+
+
+class PointsRead(BaseModel):
+    """A job's trials as columns (index i of each list is one trial), for charts of every
+    trial: number, state, variant label (`block_attnres/S=4`), shape, d_model/n_layers, and
+    the chosen metrics (null where not recorded); `profile` lists each architecture's best
+    training setting (its trial and its mean loss over seeds), what the optimum fits."""
+
+    job_id: str
+    total: int
+    number: list[int]
+    state: list[TrialStatus]
+    variant: list[str]
+    n_layers: list[int | None]
+    d_model: list[int | None]
+    ratio: list[float | None]
+    metrics: dict[str, list[float | None]]
+    profile_trials: list[int]
+    profile_loss: list[float]
+
+
+# -- calibration of the roofline (nas_service.calibration) ----------------------------------
+
+
+class StepModelRead(BaseModel):
+    """t = compute_factor·compute_s + memory_factor·memory_s + overhead_s (seconds); the
+    efficiencies are the reciprocals of the factors (null where a factor is 0)."""
+
+    compute_factor: float
+    memory_factor: float
+    overhead_s: float
+    compute_efficiency: float | None  # achieved fraction of peak FLOP/s
+    bandwidth_efficiency: float | None  # achieved fraction of memory bandwidth
+    rows: int
+
+
+class CrossValidationRead(BaseModel):
+    """Relative errors |pred − meas| / meas out of fold, calibrated and raw roofline."""
+
+    folds: int
+    median_error: float
+    p90_error: float
+    roofline_median_error: float
+    roofline_p90_error: float
+
+
+class MemoryComparisonRead(BaseModel):
+    """Median of measured / analytic memory over the trials of one memory kind: in all, the
+    activations (saved tensors) and the state (weights, gradients, optimizer)."""
+
+    memory_kind: str
+    trials: int
+    median_ratio: float | None
+    median_activation_ratio: float | None
+    median_state_ratio: float | None
+
+
+class CalibrationPointRead(BaseModel):
+    """One trial on one device kind: its measured step (median over runs) and the roofline
+    of that step, in seconds, with the fitted model's predictions; memory in bytes."""
+
+    job_id: str
+    trial: int
+    variant: str
+    runs: int
+    measured_s: float
+    roofline_s: float
+    compute_s: float
+    memory_s: float
+    calibrated_s: float | None  # calibrated_step_time_s: the fit applied (in sample)
+    cv_predicted_s: float | None  # the model fitted without this trial's fold
+    memory_kind: str | None
+    peak_memory_bytes: int | None
+    analytic_memory_bytes: float
+    saved_tensor_bytes: int | None
+    analytic_activation_bytes: float
+    state_bytes: int | None
+    analytic_state_bytes: float
+
+
+class CalibrationGroupRead(BaseModel):
+    """A device kind's calibration: ready once it has `min_trials` measured trials (else
+    `needed` more), the hardware preset and peaks its roofline used."""
+
+    device_kind: str
+    hardware: str
+    peak_flops: float  # FLOP/s in `dtype`
+    memory_bandwidth: float  # bytes/s
+    dtype: str
+    ready: bool
+    trials: int
+    needed: int
+    model: StepModelRead | None
+    cross_validation: CrossValidationRead | None
+    memory: list[MemoryComparisonRead]
+    points: list[CalibrationPointRead]
+
+
+class CalibrationSkipRead(BaseModel):
+    job_id: str
+    trial: int
+    reason: str
+
+
+class CalibrationRead(BaseModel):
+    """`GET /v1/jobs/{id}/calibration`: per device kind, the fit of measured step times to
+    the roofline's terms and its cross-validated error (`nas_service.calibration`)."""
+
+    job_id: str
+    cluster: str
+    scope: str  # job | cluster
+    min_trials: int
+    ready: bool  # some device kind is calibrated
+    message: str
+    groups: list[CalibrationGroupRead]
+    skipped: list[CalibrationSkipRead]

@@ -24,9 +24,11 @@ from pydantic import (
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from cost_model import (
+    LAYOUT_METRICS,
     METRICS,
     VARIANTS,
     CostInputError,
+    LayoutSpace,
     Parallelism,
     Workload,
     get_hardware,
@@ -35,7 +37,10 @@ from cost_model.residuals import BLOCK_SIZED, DEPTH_MIXED
 from workers.contract import Schedule
 
 LOSS = "val_loss"
-OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *METRICS)
+#: The cost metrics a constraint may cap: the report's, and with `cost.layout: auto` the
+#: best layout's (`cost_model.LAYOUT_METRICS`).
+COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS)
+OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *COST_METRICS)
 
 #: Ceilings of the fields that size something and have no operator limit in `Settings`.
 MAX_SEED = 2**32 - 1  # Optuna's and numpy's seeds are 32-bit
@@ -44,6 +49,14 @@ MAX_EVALS = 10_000  # validation points per run (n_evals) and batches per point
 MAX_VOCAB = 1 << 24  # embedding rows: far above any tokenizer in use
 MAX_LAYOUT = 4096  # tensor and pipeline ranks, virtual stages
 MAX_MICROBATCHES = 1 << 20
+#: The layout search of `cost.layout: auto`: at most this many devices, this global batch
+#: (sequences), this many virtual stages per rank, and this many layouts per candidate (each
+#: candidate's search prices every one: about a second at this size).
+MAX_DEVICES = 1 << 16
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_SEARCH_VIRTUAL = 64
+MAX_SEARCH_LAYOUTS = 5000
+MAX_MEMORY_CAP_BYTES = 1e15
 MAX_FF_RATIO = 64.0
 MAX_LR = 1e3
 MAX_DEPTH_LR_MULT = 1e3
@@ -356,8 +369,8 @@ class Constraint(_Strict):
     @field_validator("metric")
     @classmethod
     def _known(cls, value: str) -> str:
-        if value not in METRICS:
-            raise ValueError(f"unknown metric {value!r}; expected one of {', '.join(METRICS)}")
+        if value not in COST_METRICS:
+            raise ValueError(f"unknown metric {value!r}; expected one of {', '.join(COST_METRICS)}")
         return value
 
 
@@ -588,8 +601,30 @@ class Tune(_Strict):
         return math.prod(len(v) for v in self.axes().values())
 
 
+#: The fields `layout: auto` searches (and that it refuses to be given), and the fields only
+#: `layout: auto` takes.
+SEARCHED_LAYOUT_FIELDS = (
+    "micro_batch",
+    "microbatches",
+    "recompute",
+    "tensor",
+    "pipeline",
+    "virtual",
+)
+AUTO_LAYOUT_FIELDS = ("devices", "global_batch", "memory_cap_bytes", "max_virtual")
+
+
 class CostContext(_Strict):
-    """The workload, layout and hardware the cost metrics are computed for."""
+    """The workload, layout and hardware the cost metrics are computed for.
+
+    `layout: fixed` (the default): the layout given by `tensor`, `pipeline`, `virtual`,
+    `micro_batch`, `microbatches` and `recompute`. `layout: auto`: each candidate at its
+    fastest layout on `devices` devices for a global batch of `global_batch` sequences (default
+    8 per device) within `memory_cap_bytes` per device (default: the hardware's memory), as
+    `cost_model.search_layout` finds it among the layouts with up to `max_virtual` virtual
+    stages; its metrics are priced at that layout, plus `cost_model.LAYOUT_METRICS`
+    (`best_step_time_s`, `best_layout_*`). A candidate with no feasible layout is infeasible.
+    """
 
     hardware: Text = Field(default="h100", max_length=64)
     micro_batch: int = Field(default=8, ge=1)
@@ -600,6 +635,47 @@ class CostContext(_Strict):
     pipeline: int = Field(default=1, ge=1, le=MAX_LAYOUT)
     virtual: int = Field(default=1, ge=1, le=MAX_LAYOUT)
     decode_context: int | None = Field(default=None, ge=1)
+    layout: Literal["fixed", "auto"] = "fixed"
+    devices: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
+    memory_cap_bytes: float | None = Field(default=None, gt=0, le=MAX_MEMORY_CAP_BYTES)
+    max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
+
+    @model_validator(mode="after")
+    def _layout_fields(self) -> CostContext:
+        """`layout: auto` needs `devices` and searches the layout fields (one set to other
+        than its default is refused, not ignored); `layout: fixed` takes none of the search's
+        fields. The search's size is bounded (`MAX_SEARCH_LAYOUTS`) here, before any candidate
+        is priced. A field at its default counts as not given, so that a stored spec
+        (`model_dump`, every field written out) reads back."""
+        fields = type(self).model_fields
+        given = {f for f in fields if getattr(self, f) != fields[f].default}
+        if self.layout == "fixed":
+            extra = [f for f in AUTO_LAYOUT_FIELDS if f in given]
+            if extra:
+                _refuse([((f,), "only with layout: auto") for f in extra])
+            return self
+        searched = [f for f in SEARCHED_LAYOUT_FIELDS if f in given]
+        if searched:
+            _refuse([((f,), "layout: auto searches it; leave it out") for f in searched])
+        if self.devices is None:
+            _refuse([(("devices",), "layout: auto needs the number of devices")])
+        try:
+            self.layout_space().layouts()
+        except CostInputError as exc:
+            _refuse([((exc.field,), exc.reason)])
+        return self
+
+    def layout_space(self) -> LayoutSpace:
+        """The layouts `layout: auto` searches (only with `layout: auto`)."""
+        assert self.devices is not None
+        batch = self.global_batch or Workload().micro_batch * self.devices
+        return LayoutSpace(
+            devices=self.devices,
+            global_batch=batch,
+            max_virtual=self.max_virtual,
+            max_layouts=MAX_SEARCH_LAYOUTS,
+        )
 
     @field_validator("hardware")
     @classmethod
@@ -718,12 +794,25 @@ class JobSpec(_Strict):
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, value: list[str]) -> list[str]:
-        expected = f"val_loss or one of {', '.join(METRICS)}"
+        expected = f"val_loss or one of {', '.join(COST_METRICS)}"
         return _check_names(value, OBJECTIVE_METRICS, "metric", expected)
 
     @model_validator(mode="after")
     def _layout(self) -> JobSpec:
         self.cost.parallelism()
+        if self.cost.layout != "auto":
+            wrong: list[tuple[tuple[str | int, ...], str]] = [
+                (("objectives",), f"{m} needs cost.layout: auto")
+                for m in self.objectives
+                if m in LAYOUT_METRICS
+            ]
+            wrong += [
+                (("constraints", i, "metric"), f"{c.metric} needs cost.layout: auto")
+                for i, c in enumerate(self.constraints)
+                if c.metric in LAYOUT_METRICS
+            ]
+            if wrong:
+                _refuse(wrong)
         if self.pruner == "median" and len(self.objectives) > 1:
             raise ValueError("pruner: median needs a single objective; use pareto or auto")
         return self
