@@ -37,8 +37,121 @@ def _add_cost_parser(sub: Any, arch: bool) -> None:
     par.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
     par.add_argument("--sequence-parallel", action="store_true")
     par.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | cpu")
+    auto = p.add_argument_group(
+        "layout search (--layout auto)",
+        "the fastest layout of tensor, pipeline, virtual stages, data, micro-batch, "
+        "recomputation and sequence parallelism on --devices devices that fits the memory cap; "
+        "it replaces --tp, --pp, --vpp, --dp, --sequence-parallel, --micro-batch, "
+        "--microbatches and --recompute",
+    )
+    auto.add_argument("--layout", default="fixed", choices=("fixed", "auto"))
+    auto.add_argument("--devices", type=_positive_int, help="devices to lay the model out on")
+    auto.add_argument(
+        "--global-batch",
+        type=_positive_int,
+        help="sequences per optimizer step (default: 8 per device)",
+    )
+    auto.add_argument(
+        "--memory-cap",
+        type=_byte_size,
+        metavar="SIZE",
+        help="memory per device, e.g. 80GB, 75GiB or bytes (default: the hardware's)",
+    )
+    auto.add_argument(
+        "--max-virtual",
+        type=_positive_int,
+        default=4,
+        help="most virtual stages per pipeline rank to try (default: 4)",
+    )
+    auto.add_argument(
+        "--all-layouts", action="store_true", help="also list every feasible layout, fastest first"
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_cost)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be positive, got {value}")
+    return value
+
+
+#: Units of `--memory-cap`: decimal (kB … TB, as the presets' 80e9) and binary (KiB … TiB).
+_BYTE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def _byte_size(text: str) -> float:
+    """A size in bytes: a number with an optional unit of `_BYTE_UNITS` (80GB = 80e9 bytes)."""
+    stripped = text.strip().lower()
+    number, unit = stripped, "b"
+    for name in sorted(_BYTE_UNITS, key=len, reverse=True):
+        if stripped.endswith(name):
+            number, unit = stripped[: -len(name)].strip(), name
+            break
+    try:
+        value = float(number) * _BYTE_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (a number of bytes, or with a unit: 80GB, 75GiB)"
+        ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive size, got {text!r}")
+    return value
+
+
+#: The fixed layout's flags (`--layout auto` searches them): destination → default.
+_SEARCHED_FLAGS: dict[str, Any] = {
+    "tp": 1,
+    "pp": 1,
+    "vpp": 1,
+    "dp": 1,
+    "sequence_parallel": False,
+    "micro_batch": 8,
+    "microbatches": 1,
+    "recompute": "none",
+}
+_AUTO_FLAGS: dict[str, Any] = {
+    "devices": None,
+    "global_batch": None,
+    "memory_cap": None,
+    "max_virtual": 4,
+    "all_layouts": False,
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_layout_flags(args: argparse.Namespace) -> None:
+    """`--layout auto` needs --devices and takes none of the fixed layout's flags; a fixed
+    layout takes none of the search's (a flag given is never ignored)."""
+    from cost_model import CostInputError
+
+    if args.layout == "fixed":
+        for dest, default in _AUTO_FLAGS.items():
+            if getattr(args, dest) != default:
+                raise CostInputError(_flag(dest), "only with --layout auto")
+        return
+    for dest, default in _SEARCHED_FLAGS.items():
+        if getattr(args, dest) != default:
+            raise CostInputError(_flag(dest), "--layout auto searches it; leave it out")
+    if args.devices is None:
+        raise CostInputError("--devices", "--layout auto needs the number of devices")
 
 
 def _human(value: float, unit: str) -> str:
@@ -62,10 +175,21 @@ def _human(value: float, unit: str) -> str:
 
 
 def _cmd_cost(args: argparse.Namespace) -> int:
-    from cost_model import METRICS, ArchConfig, CostInputError, Parallelism, Workload, price
+    from cost_model import (
+        METRICS,
+        ArchConfig,
+        CostInputError,
+        LayoutSpace,
+        Parallelism,
+        Workload,
+        price,
+        search_layout,
+    )
     from cost_model.residuals import BLOCK_SIZED, STREAMED
 
+    searches: dict[str, Any] = {}
     try:
+        _check_layout_flags(args)
         fields = arch_values(args)
         variants = [v.strip() for v in str(fields["variant"]).split(",") if v.strip()]
         if not variants:
@@ -93,29 +217,59 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         for name, owner in owners.items():
             if fields[name] is not None and not set(variants) & set(owner):
                 raise CostInputError(name, f"only {', '.join(owner)} has {what[name]}")
+        space = None
+        if args.layout == "auto":
+            space = LayoutSpace(
+                devices=args.devices,
+                global_batch=args.global_batch or Workload().micro_batch * args.devices,
+                max_virtual=args.max_virtual,
+            )
         reports = {}
         for variant in variants:
             own = {k: fields[k] if variant in owner else None for k, owner in owners.items()}
             cfg = ArchConfig(**(fields | own | {"variant": variant}))
-            reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
+            if space is None:
+                reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
+                continue
+            found = search_layout(
+                cfg, space, workload, args.hardware, args.memory_cap, keep=len(space.layouts())
+            )
+            if found.best is None:
+                field = "--memory-cap" if found.divisible else "--devices"
+                raise CostInputError(field, f"{variant}: {found.reason}")
+            best = found.best.layout
+            searches[variant] = found
+            reports[variant] = (
+                cfg,
+                price(cfg, best.workload(workload), best.parallelism(), args.hardware),
+            )
     except CostInputError as exc:
         print(f"depthscope cost: error: {exc}", file=sys.stderr)
         return 2
 
     if args.json:
-        out = {
-            v: {"arch": cfg.to_dict(), "cost": report.as_dict()}
-            for v, (cfg, report) in reports.items()
-        }
+        out: dict[str, Any] = {}
+        for v, (cfg, report) in reports.items():
+            out[v] = {"arch": cfg.to_dict(), "cost": report.as_dict()}
+            if v in searches:
+                search = searches[v].as_dict()
+                if not args.all_layouts:
+                    search["feasible"] = []
+                out[v]["layout"] = search
         print(json.dumps(out if len(out) > 1 else next(iter(out.values())), indent=2))
         return 0
 
     first = next(iter(reports.values()))[0]
+    where = f"TP={args.tp} PP={args.pp}x{args.vpp} DP={args.dp}"
+    if searches:
+        where = f"devices={args.devices}, each variant at its fastest layout"
     print(
         f"L_b={first.n_layers} d_model={first.d_model} heads={first.n_heads} "
         f"vocab={first.vocab_size} seq={first.seq_len} dtype={first.dtype} "
-        f"hardware={args.hardware} TP={args.tp} PP={args.pp}x{args.vpp} DP={args.dp}"
+        f"hardware={args.hardware} {where}"
     )
+    for variant, found in searches.items():
+        _print_search(variant, found, args.all_layouts)
     names = list(reports)
     width = max(12, *(len(n) + 2 for n in names))
     print(f"{'metric':32}" + "".join(f"{n:>{width}}" for n in names))
@@ -124,6 +278,35 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         cells = "".join(f"{_human(columns[n][metric], unit):>{width}}" for n in names)
         print(f"{metric:32}" + cells)
     return 0
+
+
+def _layout_text(lay: Any) -> str:
+    sp = " SP" if lay.sequence_parallel else ""
+    return (
+        f"TP={lay.tensor}{sp} PP={lay.pipeline}x{lay.virtual} DP={lay.data} "
+        f"micro-batch={lay.micro_batch}x{lay.microbatches} recompute={lay.recompute}"
+    )
+
+
+def _print_search(variant: str, found: Any, all_layouts: bool) -> None:
+    """The best layout of one variant, its step time, memory and link bytes, and with
+    `all_layouts` every feasible layout, fastest first."""
+    best = found.best
+    print(
+        f"best layout ({variant}): {_layout_text(best.layout)}: step "
+        f"{_human(best.step_time_s, 'seconds')}, memory {_human(best.memory_bytes, 'bytes')} "
+        f"per device (cap {_human(found.memory_cap_bytes, 'bytes')}), comm "
+        f"{_human(best.comm_bytes, 'bytes')} per device and step; {found.feasible_count} of "
+        f"{found.enumerated} layouts feasible ({found.divisible} divide the model)"
+    )
+    if not all_layouts:
+        return
+    print(f"  {'layout':58} {'step':>10} {'memory':>12} {'comm':>12}")
+    for row in found.feasible:
+        print(
+            f"  {_layout_text(row.layout):58} {_human(row.step_time_s, 'seconds'):>10} "
+            f"{_human(row.memory_bytes, 'bytes'):>12} {_human(row.comm_bytes, 'bytes'):>12}"
+        )
 
 
 def _add_train_parser(sub: Any, arch: bool) -> None:
