@@ -122,6 +122,49 @@ PARSE_CASES = [
         "control character U+001B",
     ),
     ("hardware-nul", with_(("cost.hardware", "h100\x00")), "cost.hardware", "NUL byte"),
+    # the layout search (cost.layout: auto): every size bounded, the enumeration counted
+    ("layout-nul", with_(("cost.layout", "auto\x00")), "cost.layout", "'fixed' or 'auto'"),
+    (
+        "devices",
+        with_(("cost.layout", "auto"), ("cost.devices", BILLION)),
+        "cost.devices",
+        "less than or equal",
+    ),
+    (
+        "global-batch",
+        with_(("cost.layout", "auto"), ("cost.devices", 8), ("cost.global_batch", BILLION)),
+        "cost.global_batch",
+        "less than or equal",
+    ),
+    (
+        "memory-cap-nan",
+        with_(("cost.layout", "auto"), ("cost.devices", 8), ("cost.memory_cap_bytes", NAN)),
+        "cost.memory_cap_bytes",
+        "finite",
+    ),
+    (
+        "memory-cap-inf",
+        with_(("cost.layout", "auto"), ("cost.devices", 8), ("cost.memory_cap_bytes", INF)),
+        "cost.memory_cap_bytes",
+        "finite",
+    ),
+    (
+        "max-virtual",
+        with_(("cost.layout", "auto"), ("cost.devices", 8), ("cost.max_virtual", BILLION)),
+        "cost.max_virtual",
+        "less than or equal",
+    ),
+    (
+        "layouts-too-many",
+        with_(
+            ("cost.layout", "auto"),
+            ("cost.devices", 1 << 16),
+            ("cost.global_batch", 1 << 24),
+            ("cost.max_virtual", 64),
+        ),
+        "cost.devices",
+        "more than 5000 layouts",
+    ),
 ]
 #: The training axes: choices, ranges and tune lists (also submitted over HTTP, below).
 TRAINING_PARSE_CASES = [
