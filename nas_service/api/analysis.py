@@ -4,7 +4,7 @@ comparisons between variants, sensitivity to the training axes, and plots."""
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
@@ -16,6 +16,7 @@ from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS
 from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import (
+    CalibrationRead,
     CompareRead,
     LandscapeRead,
     OptimumRead,
@@ -23,6 +24,8 @@ from nas_service.api.schemas import (
     ScalingRead,
     SensitivityRead,
 )
+from nas_service.calibration import calibration as calibrate
+from nas_service.calibration import calibration_png
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)
@@ -167,6 +170,26 @@ def landscape(job_id: str, session: SessionDep, cache: ResultsDep) -> LandscapeR
     return queries.landscape(session, cache, job_id)
 
 
+#: Whose measured trials a calibration fits: the job's, or every recent job's of its cluster.
+ScopeQuery = Annotated[
+    Literal["job", "cluster"],
+    Query(description="job: this job's trials; cluster: every recent job of its cluster"),
+]
+
+
+@router.get("/{job_id}/calibration", response_model=CalibrationRead, responses=JOB_ERRORS)
+def calibration(
+    job_id: str, session: SessionDep, cache: ResultsDep, scope: ScopeQuery = "job"
+) -> CalibrationRead:
+    """The roofline against the measured steps, per device kind: the fit t ≈ a·compute_s +
+    b·memory_s + c (non-negative least squares of the relative error), its cross-validated
+    median and p90 relative error beside the raw roofline's, every trial's measured,
+    roofline and calibrated step time (`calibrated_step_time_s`), and the measured peak
+    memory against the analytic one. A device kind with fewer than `min_trials` measured
+    trials is returned with `ready: false` and how many more it needs."""
+    return calibrate(session, cache, job_id, scope)
+
+
 @router.get("/{job_id}/plots/pareto.png", response_class=Response, responses=PNG)
 def pareto_plot(
     job_id: str,
@@ -198,3 +221,12 @@ def compare_plot(
     _reference(job_id, session, cache, reference)
     png = queries.compare_png(session, cache, job_id, reference, level)
     return Response(png, media_type="image/png")
+
+
+@router.get("/{job_id}/plots/calibration.png", response_class=Response, responses=PNG)
+def calibration_plot(
+    job_id: str, session: SessionDep, cache: ResultsDep, scope: ScopeQuery = "job"
+) -> Response:
+    """Predicted against measured step time (log-log, the y = x line): the raw roofline and
+    the calibrated model's cross-validated predictions; a 409 before any measured trial."""
+    return Response(calibration_png(session, cache, job_id, scope), media_type="image/png")

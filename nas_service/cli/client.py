@@ -1,7 +1,8 @@
 """The `depthscope` commands that talk to the service over HTTP: `submit [--wait]`,
 `status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`, `compare [--plot]`,
-`sensitivity`, `export --out` (the job as a landscape). Every call goes through the package's
-one transport, `nas_service.cli._request` (looked up when called)."""
+`sensitivity`, `export --out` (the job as a landscape), `calibration [--scope] [--plot]`
+(the roofline against the measured step times). Every call goes through the package's one
+transport, `nas_service.cli._request` (looked up when called)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,20 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("job")
     _add_client_args(p)
     p.set_defaults(func=_client_command(_cmd_sensitivity))
+
+    p = sub.add_parser(
+        "calibration", help="the roofline against the measured step times, per device kind"
+    )
+    p.add_argument("job")
+    p.add_argument(
+        "--scope",
+        choices=("job", "cluster"),
+        default="job",
+        help="fit this job's trials, or every recent job's of its cluster",
+    )
+    p.add_argument("--plot", help="write a PNG of predicted versus measured step time here")
+    _add_client_args(p)
+    p.set_defaults(func=_client_command(_cmd_calibration))
 
 
 def _save_plot(args: argparse.Namespace, name: str, params: dict[str, Any]) -> None:
@@ -348,3 +363,52 @@ def _cmd_export(args: argparse.Namespace) -> int:
         f"{len(out['trials'])} trials, {runs} training runs"
     )
     return 0
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _cmd_calibration(args: argparse.Namespace) -> int:
+    params = {"scope": args.scope}
+    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/calibration", params=params)
+    print(
+        f"calibration of the roofline ({out['scope']}, cluster {out['cluster']}): {out['message']}"
+    )
+    for g in out["groups"]:
+        print(
+            f"{g['device_kind']} (preset {g['hardware']}, {g['dtype']}: "
+            f"{g['peak_flops']:.3g} FLOP/s, {g['memory_bandwidth']:.3g} B/s): "
+            f"{g['trials']} measured trials"
+            + ("" if g["ready"] else f", {g['needed']} more needed for a fit")
+        )
+        model, cv = g["model"], g["cross_validation"]
+        if model is not None:
+            print(
+                f"  t = {model['compute_factor']:.3g}·compute_s + "
+                f"{model['memory_factor']:.3g}·memory_s + {model['overhead_s']:.3g} s  "
+                f"(achieved: {_pct(model['compute_efficiency'])} of peak FLOP/s, "
+                f"{_pct(model['bandwidth_efficiency'])} of bandwidth)"
+            )
+        if cv is not None:
+            print(
+                f"  relative error, {cv['folds']}-fold cross-validated: calibrated median "
+                f"{_pct(cv['median_error'])}, p90 {_pct(cv['p90_error'])}; raw roofline "
+                f"median {_pct(cv['roofline_median_error'])}, p90 {_pct(cv['roofline_p90_error'])}"
+            )
+        for m in g["memory"]:
+            print(
+                f"  memory ({m['memory_kind']}, {m['trials']} trials), measured / analytic: "
+                f"{_ratio_text(m['median_ratio'])} in all, activations "
+                f"{_ratio_text(m['median_activation_ratio'])}, state "
+                f"{_ratio_text(m['median_state_ratio'])}"
+            )
+    if out["skipped"]:
+        print(f"{len(out['skipped'])} trials not compared: {out['skipped'][0]['reason']}")
+    if args.plot:
+        _save_plot(args, "calibration", params)
+    return 0
+
+
+def _ratio_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
