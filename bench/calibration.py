@@ -117,10 +117,11 @@ def main() -> int:
             print(f"  {'raw roofline':28} {cv.roofline_median_error:8.1%}", end="")
             print(f" {cv.roofline_p90_error:8.1%}")
         for mem in g.memory:
+            ratios = [mem.median_ratio, mem.median_activation_ratio, mem.median_state_ratio]
+            text = ["-" if r is None else f"{r:.4f}" for r in ratios]
             print(
-                f"  memory {mem.memory_kind}: measured/analytic median {mem.median_ratio:.4f} "
-                f"in all, activations {mem.median_activation_ratio}, state "
-                f"{mem.median_state_ratio}"
+                f"  memory ({mem.memory_kind}), measured / analytic, median: {text[0]} in all, "
+                f"activations {text[1]}, state {text[2]}"
             )
         print(f"  {'trial':>5} {'variant':14} {'measured ms':>12} {'roofline ms':>12} {'CV ms':>9}")
         for p in sorted(g.points, key=lambda p: p.measured_s):
