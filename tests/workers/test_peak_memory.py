@@ -98,13 +98,14 @@ def test_steps_after_the_first_are_not_metered(corpus: Corpus) -> None:
 @pytest.mark.gpu
 def test_cuda_peak_is_the_allocators_and_names_the_device(corpus: Corpus) -> None:
     """On CUDA: `torch.cuda.max_memory_allocated` (it includes the bf16 autocast copies of the
-    weights and the allocator's rounding), at least the training state, and within 3× of the
-    analytic total; the device's name recorded; the saved tensors measured too."""
+    weights, the allocator's rounding and cuBLAS's workspace, 32 MiB allowed for it), at
+    least the training state, and within 3× of the analytic total besides; the device's name
+    recorded; the saved tensors measured too. Not run on a CPU-only machine."""
     arch = SHAPES[0]
     result = run(arch, corpus, device="cuda")
     assert result.memory_kind == "cuda_max_allocated"
     assert result.device == "cuda" and result.device_name == torch.cuda.get_device_name()
     analytic = training_memory(arch, Workload(micro_batch=BATCH, seq_len=SEQ))
     assert result.peak_memory_bytes >= result.state_bytes > 0
-    assert result.peak_memory_bytes <= 3 * analytic.total_bytes
+    assert result.peak_memory_bytes <= 3 * analytic.total_bytes + 32 * 2**20
     assert result.saved_tensor_bytes > 0
