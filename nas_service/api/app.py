@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the HTTP API, versioned under /v1, OpenAPI at /docs.
+"""`create_app(settings)`: the HTTP API, versioned under /v1, OpenAPI at /docs, and the web
+dashboard at / (`nas_service.dashboard`; its reads in `api/dashboard_api.py`).
 
 With `run_clusters`, the app also starts one runner process per named cluster (the
 `depthscope serve` default: the local one) and stops them on shutdown; a runner restarted
@@ -20,7 +21,8 @@ import anyio
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from nas_service.api import analysis, cost, errors, health, jobs
+from nas_service import dashboard
+from nas_service.api import analysis, cost, dashboard_api, errors, health, jobs
 from nas_service.api.routing import BodyLimit, RequestTimer
 from nas_service.db import make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage
@@ -106,10 +108,19 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(RequestTimer, histogram=app.state.request_seconds)  # outermost
 
-    routers = (health.router, jobs.router, analysis.router, cost.router, health.metrics_router)
+    routers = (
+        health.router,
+        jobs.router,
+        analysis.router,
+        cost.router,
+        dashboard_api.router,
+        health.metrics_router,
+    )
     for router in routers:  # health needs no token; the others declare it (`routing.SECURED`)
         app.include_router(router)
-    app.state.routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    dashboard.install(app)  # the page at / and its files (no token: the page asks for it)
+    every = (*routers, dashboard.router)
+    app.state.routes = [r for router in every for r in router.routes if isinstance(r, APIRoute)]
     if settings.api_token is None:
         app.openapi = lambda: _open_document(app)  # type: ignore[method-assign]
     return app

@@ -1,0 +1,223 @@
+"""The dashboard in headless Chromium against the real service (`depthscope serve`, its
+runner, a local Ray): load it with the token, see a bad spec's validation message next to
+its field, submit a tiny job through the page and watch it complete, switch the Pareto
+metrics, sort and filter the trials, open a trial's curve and its costs, cancel a second
+job, price an architecture on the cost page, and see a wrong token's 401 handled. No
+console error or page error (but the HTTP statuses a step provokes on purpose, which the
+browser logs as failed loads). Screenshots in tests/browser/artifacts/."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.browser.conftest import Service, Watched, login
+from tests.service.jobkit import TINY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(400)]
+
+#: The tiny job of the service tests over its whole grid (two depths, two widths, both
+#: variants: a paired comparison to draw), with two objectives (a Pareto front to draw).
+JOB: dict[str, Any] = TINY | {
+    "name": "browser-tiny",
+    "objectives": ["val_loss", "params"],
+    "sampler": "grid",
+    "n_trials": 8,
+}
+#: A job long enough to be cancelled while it runs or waits.
+LONG: dict[str, Any] = TINY | {"name": "browser-long", "n_trials": 40}
+
+
+def chart_option(w: Watched, element: str) -> dict[str, Any]:
+    """The option the chart in `element` holds (series and axes), read from ECharts."""
+    option: dict[str, Any] = w.page.evaluate(
+        """(id) => {
+            const o = echarts.getInstanceByDom(document.getElementById(id)).getOption();
+            return {x: o.xAxis[0].name, y: o.yAxis[0].name,
+                    series: o.series.map((s) => ({name: s.name, n: (s.data || []).length}))};
+        }""",
+        element,
+    )
+    return option
+
+
+def drawn(w: Watched, element: str) -> int:
+    value = w.page.get_attribute(f"#{element}", "data-drawn")
+    return int(value or 0)
+
+
+def wait_redrawn(w: Watched, element: str, before: int) -> None:
+    w.page.wait_for_function(
+        "([id, n]) => Number(document.getElementById(id).dataset.drawn || 0) > n",
+        arg=[element, before],
+    )
+
+
+def submit_through_the_page(w: Watched, spec: dict[str, Any]) -> str:
+    w.page.fill("#spec-text", yaml.safe_dump(spec, sort_keys=False))
+    w.page.click("#spec-submit")
+    w.page.wait_for_url(re.compile(r".*#/job/[^/]+$"))
+    return str(w.page.url).rsplit("/", 1)[-1]
+
+
+def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
+    w, page = watched, watched.page
+    login(w, service)
+    page.wait_for_selector("#jobs-table")
+    assert page.locator("#token-panel").is_hidden()
+    assert page.evaluate("sessionStorage.getItem('depthscope.token')") == "browser-token"
+    assert "token" not in page.url  # never in a URL
+
+    # a bad spec: the API's message next to the field it names (and its line in the text)
+    w.allow.add(422)
+    page.fill("#spec-text", yaml.safe_dump(JOB | {"n_trials": 0}, sort_keys=False))
+    page.click("#spec-submit")
+    message = page.locator('#spec-errors li[data-field="n_trials"]')
+    message.wait_for()
+    assert "greater than or equal to 1" in message.inner_text()
+    assert re.search(r"\(line \d+\)", message.inner_text())
+    page.fill("#spec-text", "name: [unclosed")
+    page.click("#spec-submit")
+    page.locator('#spec-errors li[data-field="text"]').wait_for()
+    assert "not valid YAML" in page.inner_text("#spec-errors")
+    w.shot("01-bad-spec")
+
+    # a tiny job through the page, watched to its end without a reload
+    job = submit_through_the_page(w, JOB)
+    page.wait_for_selector("#job-status")
+    page.wait_for_function(
+        "() => document.getElementById('job-status').textContent === 'completed'",
+        timeout=300_000,
+    )
+    page.wait_for_function(
+        "() => document.querySelectorAll('#trials tbody tr').length === 8", timeout=30_000
+    )
+    assert service.api("GET", f"/v1/jobs/{job}").json()["status"] == "completed"
+    assert page.inner_text("#job-trials").startswith("8/8")
+    page.wait_for_selector("#chart-pareto[data-drawn]")
+    w.shot("02-job-completed")
+
+    # the Pareto front over the job's objectives, then over other metrics
+    first = chart_option(w, "chart-pareto")
+    assert "params" in first["x"] and "val_loss" in first["y"] and "nats" in first["y"]
+    front = next(s for s in first["series"] if s["name"] == "Pareto front")
+    assert front["n"] >= 1
+    assert sum(s["n"] for s in first["series"] if s["name"] != "Pareto front") == 8
+    before = drawn(w, "chart-pareto")
+    page.select_option("#pareto-x", "train_memory_bytes")
+    wait_redrawn(w, "chart-pareto", before)
+    switched = chart_option(w, "chart-pareto")
+    assert switched["x"].startswith("train_memory_bytes (") and "B)" in switched["x"]
+    assert "on the front of" in page.inner_text("#pareto-note")
+    w.shot("03-pareto-switched")
+
+    # the optimum's chart, profiled and raw
+    page.wait_for_selector("#chart-optimum[data-drawn]")
+    before = drawn(w, "chart-optimum")
+    page.select_option("#opt-view", "raw")
+    wait_redrawn(w, "chart-optimum", before)
+    raw = chart_option(w, "chart-optimum")
+    assert "d_model / L_b" in raw["x"]
+    assert sum(s["n"] for s in raw["series"] if not s["name"].endswith(" fit")) == 8
+
+    # sort and filter the table
+    page.click('#trials th[data-sort="val_loss"]')
+    page.wait_for_selector('#trials th.sorted[data-sort="val_loss"]')
+    page.wait_for_function(
+        """() => {
+            const cells = [...document.querySelectorAll('#trials tbody tr')]
+                .map((r) => Number(r.children[7].textContent));
+            return cells.length === 8 && cells.every((v, i) => i === 0 || cells[i - 1] <= v);
+        }"""
+    )
+    page.select_option("#f-variant", "baseline")
+    page.wait_for_function(
+        """() => {
+            const rows = [...document.querySelectorAll('#trials tbody tr')];
+            return rows.length === 4
+                && rows.every((r) => r.children[3].textContent === 'baseline');
+        }"""
+    )
+    page.select_option("#f-variant", "")
+    page.fill("#f-layers", "2")
+    page.dispatch_event("#f-layers", "change")
+    page.wait_for_function(
+        """() => {
+            const rows = [...document.querySelectorAll('#trials tbody tr')];
+            return rows.length === 4 && rows.every((r) => r.children[4].textContent === '2');
+        }"""
+    )
+    page.fill("#f-layers", "")
+    page.dispatch_event("#f-layers", "change")
+    page.wait_for_function("() => document.querySelectorAll('#trials tbody tr').length === 8")
+
+    # the paired difference against depth (baseline is the reference)
+    page.wait_for_selector("#chart-compare[data-drawn]")
+    compared = chart_option(w, "chart-compare")
+    assert "depth" in compared["x"] and "difference" in compared["y"]
+    pair = "block_attnres/S=1 − baseline"
+    assert any(s["name"] == pair and s["n"] >= 1 for s in compared["series"])
+
+    # a trial's learning curve, and its cost breakdown
+    row = page.locator("#trials tbody tr").first
+    number = int(row.get_attribute("data-trial") or -1)
+    row.locator("input.pick").check()
+    page.wait_for_selector("#chart-curves[data-drawn]")
+    page.wait_for_function(
+        """() => echarts.getInstanceByDom(document.getElementById('chart-curves'))
+                .getOption().series.length === 1"""
+    )
+    curves = chart_option(w, "chart-curves")
+    assert curves["series"][0]["name"].startswith(f"trial {number} ")
+    assert curves["series"][0]["n"] >= 2 and "tokens" in curves["x"]
+    row.click()
+    page.wait_for_selector("#trial-costs")
+    costs = page.inner_text("#trial-costs")
+    assert "train_memory_bytes" in costs and re.search(r"\d (B|kB|MB)\b", costs)
+    w.shot("04-curve-and-costs")
+
+    # a second job, cancelled from the list
+    page.goto(service.url + "/#/jobs")
+    page.wait_for_selector("#spec-text")
+    second = submit_through_the_page(w, LONG)
+    page.goto(service.url + "/#/jobs")
+    cancel = page.locator(f'#jobs-table tr[data-job="{second}"] button.cancel')
+    cancel.click()
+    page.wait_for_function(
+        """(id) => document.querySelector(`#jobs-table tr[data-job="${id}"] .status`)
+                .textContent === 'cancelled'""",
+        arg=second,
+    )
+    assert service.api("GET", f"/v1/jobs/{second}").json()["status"] == "cancelled"
+    assert page.locator(f'#jobs-table tr[data-job="{second}"] button.cancel').count() == 0
+    w.shot("05-cancelled")
+
+    # the cost page: every variant side by side, a refused field named next to its input
+    page.goto(service.url + "/#/cost")
+    page.click("#cost-run")
+    page.wait_for_selector("#cost-table tbody tr")
+    table = page.inner_text("#cost-table")
+    for words in ("baseline", "block_attnres", "training memory", "pipeline traffic", "GFLOP"):
+        assert words in table
+    page.fill('[data-field="arch.n_heads"]', "7")
+    page.click("#cost-run")
+    error = page.locator('.field-error[data-field="arch.n_heads"]').first
+    error.wait_for()
+    assert "n_heads" in error.inner_text() or "divide" in error.inner_text()
+    w.shot("06-cost")
+
+    # a wrong token: the 401 is said, and the token asked for again
+    w.allow.add(401)
+    page.click("#token-open")
+    page.fill("#token-input", "wrong-token")
+    page.click("#token-save")
+    page.locator("#token-panel").wait_for(state="visible")
+    assert "refused" in page.inner_text("#token-message")
+    w.shot("07-wrong-token")
+    page.fill("#token-input", "browser-token")
+    page.click("#token-save")
+    page.locator("#token-panel").wait_for(state="hidden")
+    page.wait_for_selector("#cost-run")
