@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: setup demo cost-demo test test-fast lint typecheck bench clean
+.PHONY: setup chromium demo cost-demo test test-fast lint typecheck bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -15,7 +15,22 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed chromium
+
+# The dashboard's browser tests drive the system's headless Chromium (Debian's chromium and
+# chromium-driver; Playwright, from the dev extra, never downloads a browser). Installed only
+# when missing, and only as root or with sudo; otherwise a warning (the tests then fail,
+# saying so, rather than skip).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; \
+	  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then SUDO=sudo; \
+	  else echo "make setup: chromium is missing and installing it needs root or sudo;" \
+	    "run: apt-get install chromium chromium-driver" >&2; exit 0; fi; \
+	  if ! command -v apt-get >/dev/null 2>&1; then \
+	    echo "make setup: chromium is missing and there is no apt-get to install it" >&2; exit 0; fi; \
+	  $$SUDO apt-get update && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y \
+	    --no-install-recommends chromium chromium-driver; }
 
 # The main job, end to end on embedded defaults (SQLite file, local Ray, built-in corpus):
 # start the service, submit examples/quick.yaml, follow it, print the Pareto front and the
