@@ -8,14 +8,23 @@ browser logs as failed loads). Screenshots in tests/browser/artifacts/."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from tests.browser.conftest import Service, Watched, login
+from tests.service.apikit import _free_port
 from tests.service.jobkit import TINY
+from tests.service.procs import kill_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -221,3 +230,54 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     page.click("#token-save")
     page.locator("#token-panel").wait_for(state="hidden")
     page.wait_for_selector("#cost-run")
+
+
+def test_optuna_dashboard_reads_a_finished_jobs_study(service: Service, tmp_path: Path) -> None:
+    """Studies are ordinary Optuna studies: `optuna-dashboard` on the service's database
+    reads a finished job's study: its objective names, its trials and their values, the
+    attributes the service writes."""
+    spec = TINY | {"name": "optuna-dashboard", "objectives": ["val_loss", "params"], "n_trials": 2}
+    job = service.api("POST", "/v1/jobs", json=spec).json()
+    deadline = time.monotonic() + 300
+    while service.api("GET", f"/v1/jobs/{job['id']}").json()["status"] != "completed":
+        assert time.monotonic() < deadline, "the job did not complete"
+        time.sleep(1)
+    ours = service.api("GET", f"/v1/jobs/{job['id']}/trials", params={"limit": 10}).json()
+    port = _free_port()
+    executable = str(Path(sys.executable).with_name("optuna-dashboard"))  # the dev extra's
+    command = [executable, service.db_url, "--host", "127.0.0.1", "--port", str(port)]
+    with (tmp_path / "optuna-dashboard.log").open("wb") as log:
+        proc = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        summaries = None
+        deadline = time.monotonic() + 60
+        while summaries is None and time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "optuna-dashboard.log").read_text()
+            with contextlib.suppress(httpx.HTTPError):
+                summaries = httpx.get(f"{base}/api/studies", timeout=5).json()["study_summaries"]
+            time.sleep(0.3)
+        assert summaries is not None, "optuna-dashboard did not answer"
+        summary = next(s for s in summaries if s["study_name"] == job["study_name"])
+        assert summary["directions"] == ["minimize", "minimize"]
+        study = httpx.get(f"{base}/api/studies/{summary['study_id']}?after=0", timeout=30).json()
+    finally:
+        kill_session(proc)
+    assert study["objective_names"] == ["val_loss", "params"]
+    assert len(study["trials"]) == 2 == ours["total"]
+    by_number = {t["number"]: t for t in ours["items"]}
+    for trial in study["trials"]:
+        mine = by_number[trial["number"]]
+        assert trial["state"] == "Complete"
+        assert trial["values"] == pytest.approx(
+            [mine["metrics"]["val_loss"], mine["metrics"]["params"]]
+        )
+        attrs = {a["key"]: a["value"] for a in trial["user_attrs"]}
+        assert {"arch", "costs", "train", "outcome"} <= set(attrs)
+        assert json.loads(attrs["arch"])["d_model"] == mine["arch"]["d_model"]
+        assert attrs["outcome"] == "completed"  # a string attribute is shown as it is
