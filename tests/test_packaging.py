@@ -31,7 +31,8 @@ def run(
     return out
 
 
-def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
+def build_wheel(tmp_path: Path) -> Path:
+    """The project's wheel, built without its dependencies from a copy of the checkout."""
     source = tmp_path / "source"  # built from a copy: the checkout gets no build/ folder
     for part in ("pyproject.toml", "README.md"):
         source.mkdir(exist_ok=True)
@@ -53,7 +54,11 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
         wheels,
         source,
     )
-    wheel = next(wheels.glob("depthscope-*.whl"))
+    return next(wheels.glob("depthscope-*.whl"))
+
+
+def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path)
     venv = tmp_path / "venv"
     run(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
@@ -74,3 +79,27 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
     with sqlite3.connect(db) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     assert {"ds_jobs", "ds_job_events", "ds_trial_runs", "ds_runner_leases"} <= tables
+
+
+def test_the_wheel_ships_the_dashboard(tmp_path: Path) -> None:
+    """`depthscope serve` serves its dashboard from the installed package: the page, its
+    scripts and styles, and the vendored chart library with its licence and version."""
+    import zipfile
+
+    static = ROOT / "nas_service" / "dashboard" / "static"
+    expected = {
+        f"nas_service/dashboard/{p.relative_to(static.parent).as_posix()}"
+        for p in static.rglob("*")
+        if p.is_file()
+    }
+    assert {
+        "nas_service/dashboard/static/index.html",
+        "nas_service/dashboard/static/app.js",
+        "nas_service/dashboard/static/vendor/echarts/echarts.common.min.js",
+        "nas_service/dashboard/static/vendor/echarts/LICENSE",
+        "nas_service/dashboard/static/vendor/echarts/VERSION",
+    } <= expected
+    with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:
+        names = set(wheel.namelist())
+    assert expected <= names, sorted(expected - names)
+    assert "nas_service/dashboard/__init__.py" in names

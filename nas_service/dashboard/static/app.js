@@ -158,10 +158,24 @@ function jobsView() {
   });
   $("#spec-submit").addEventListener("click", () => submit(text.value).catch(report));
 
+  // a row is rebuilt only when what it shows changed: a button under the pointer stays put
+  const rows = new Map();
   async function refresh() {
     const jobs = await api("/v1/jobs?limit=200");
     $("#jobs-empty").hidden = jobs.total > 0;
-    body.replaceChildren(...jobs.items.map((job) => el("tr", { dataset: { job: job.id } },
+    body.replaceChildren(...jobs.items.map((job) => {
+      const shown = [job.name, job.status, progressText(job), computeText(job), ACTIVE.has(job.status) ? duration(job.eta_s) : "–"];
+      const sig = JSON.stringify(shown);
+      const kept = rows.get(job.id);
+      if (kept && kept.sig === sig) return kept.tr;
+      const tr = jobRow(job);
+      rows.set(job.id, { sig, tr });
+      return tr;
+    }));
+  }
+
+  function jobRow(job) {
+    return el("tr", { dataset: { job: job.id } },
       el("td", {}, el("a", { href: `#/job/${encodeURIComponent(job.id)}` }, job.name), " ", el("small", {}, job.id.slice(0, 8))),
       el("td", {}, el("span", { class: `status ${job.status}` }, job.status)),
       el("td", {}, progressText(job)),
@@ -170,7 +184,7 @@ function jobsView() {
       el("td", {}, ACTIVE.has(job.status)
         ? el("button", { type: "button", class: "cancel", onclick: () => cancel(job.id).then(() => poll.kick()) }, "Cancel")
         : null),
-    )));
+    );
   }
   const poll = poller(refresh, POLL_MS, () => true);
   return poll;
@@ -223,7 +237,7 @@ function jobView(id) {
   const base = `/v1/jobs/${encodeURIComponent(id)}`;
   const state = {
     job: null, sort: "number", descending: false, offset: 0, selected: new Set(),
-    curves: new Map(), seen: null, variants: [], chartsKey: null,
+    curves: new Map(), seen: null, variants: [], points: new Map(),
   };
   let stopped = false;
 
@@ -331,9 +345,16 @@ function jobView(id) {
     }));
   }
 
-  async function points(x, y) {
+  /** The trials as columns (GET /points), asked once per state of the job (the charts
+   * drawn together share one answer). */
+  function points(x, y) {
     const names = [...new Set(["val_loss", x, y])].join(",");
-    return api(`${base}/points${query({ metrics: names })}`);
+    if (!state.points.has(names)) {
+      const answer = api(`${base}/points${query({ metrics: names })}`);
+      answer.catch(() => state.points.delete(names)); // asked again next time
+      state.points.set(names, answer);
+    }
+    return state.points.get(names);
   }
 
   async function refreshPareto() {
@@ -341,12 +362,17 @@ function jobView(id) {
     const y = $("#pareto-y").value;
     const note = $("#pareto-note");
     if (x === y) { note.textContent = "Pick two different metrics."; return; }
-    const cols = await points(x, y);
+    const asked = points(x, y); // both at once: the columns and the front
+    const frontAnswer = state.job.progress.completed > 0
+      ? api(`${base}/pareto${query({ metrics: `${x},${y}` })}`)
+      : null;
+    if (frontAnswer) frontAnswer.catch(() => {}); // awaited below; no unhandled rejection meanwhile
+    const cols = await asked;
     let front = [];
     note.textContent = "";
-    if (state.job.progress.completed > 0) {
+    if (frontAnswer) {
       try {
-        const answer = await api(`${base}/pareto${query({ metrics: `${x},${y}` })}`);
+        const answer = await frontAnswer;
         front = answer.front.map((t) => t.number);
         note.textContent = `${answer.front.length} trials on the front of ${answer.n_candidates} (each architecture at its best setting); click a point for its trial.`;
       } catch (exc) {
@@ -465,9 +491,7 @@ function jobView(id) {
   }
 
   async function refreshCharts() {
-    await refreshPareto();
-    await refreshOptimum();
-    await refreshCompare();
+    await Promise.all([refreshPareto(), refreshOptimum(), refreshCompare()]);
   }
 
   async function tick() {
@@ -479,8 +503,8 @@ function jobView(id) {
     const key = `${job.status}/${job.progress.counted}/${job.progress.running}/${job.progress.runs_done}`;
     if (key !== state.seen) {
       state.seen = key;
-      await refreshTable();
-      await refreshCharts();
+      state.points.clear();
+      await Promise.all([refreshTable(), refreshCharts()]);
       const live = [...state.selected].filter((n) => { const t = state.curves.get(n); return t && !["complete", "pruned", "failed"].includes(t.state); });
       for (const n of live) state.curves.set(n, await api(`${base}/trials/${n}`));
       if (live.length) await drawSelected();
