@@ -72,6 +72,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
+from nas_service.study_cache import set_user_attrs
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore
 
@@ -191,10 +192,10 @@ def conclude(
     attributes, its outcome and reason, then the state (or the objective values) told to the
     study. A trial concluded already (a retry after an outage, a recovery) is left as it is."""
     try:
-        for key, value in ((attrs or {}) | {ATTR_OUTCOME: str(outcome)}).items():
-            _set_attr(study, trial, key, value)
+        written = (attrs or {}) | {ATTR_OUTCOME: str(outcome)}
         if reason:
-            _set_attr(study, trial, ATTR_REASON, reason)
+            written[ATTR_REASON] = reason
+        set_user_attrs(study, trial, written)
         study.tell(trial if isinstance(trial, optuna.Trial) else trial.number, values, state=state)
     except optuna.exceptions.UpdateFinishedTrialError as exc:
         log.info("trial %d was concluded already: %s", trial.number, exc)
@@ -202,13 +203,6 @@ def conclude(
         if not str(exc).startswith("Cannot tell a"):
             raise
         log.info("trial %d was concluded already: %s", trial.number, exc)
-
-
-def _set_attr(study: optuna.Study, trial: optuna.Trial | FrozenTrial, key: str, value: Any) -> None:
-    if isinstance(trial, optuna.Trial):
-        trial.set_user_attr(key, value)
-    else:  # a trial of a stopped runner, read back from the storage
-        study._storage.set_trial_user_attr(trial._trial_id, key, value)
 
 
 class TrialOutcomes:
@@ -422,15 +416,13 @@ class TrialOutcomes:
 
     def _pause(self, flight: Flight, attrs: dict[str, Any], loss: float) -> None:
         """A rung below the last is done: the trial keeps its record and waits for promotion
-        (`nas_service.rungs`). Its attributes first, the rung it waits at last (so a reader
-        that sees it waiting sees its record), then its run row closed; the previous rung's
-        checkpoints are dropped (this rung's replace them)."""
+        (`nas_service.rungs`). Its loss reported, then its attributes and the rung it waits at
+        in one transaction (a reader that sees it waiting sees its record), then its run row
+        closed; the previous rung's checkpoints are dropped (this rung's replace them)."""
         trial, rung = flight.trial, flight.rung
-        for key, value in attrs.items():
-            trial.set_user_attr(key, value)
         if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
             trial.report(loss, rung)
-        trial.set_user_attr(ATTR_WAITING, rung)
+        set_user_attrs(flight.study, trial, attrs | {ATTR_WAITING: rung})  # one transaction
         waiting = f"rung {rung + 1} of {n_rungs(flight.spec)}: waiting for promotion"
         self._close_run(flight.run_id, RunState.COMPLETED, waiting)
         if flight.next_run_id is not None:

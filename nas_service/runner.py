@@ -83,7 +83,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
-from nas_service.study_cache import OwnedTrials
+from nas_service.study_cache import OwnedTrials, set_user_attrs
 from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
@@ -360,8 +360,7 @@ class Runner(TrialOutcomes):
         try:
             recs = records(w.trial)
             recs[-1] = recs[-1] | {"promoted": True}
-            trial.set_user_attr(ATTR_RUNGS, recs)
-            trial.set_user_attr(ATTR_WAITING, None)
+            set_user_attrs(study, trial, {ATTR_RUNGS: recs, ATTR_WAITING: None})
             params = dict(w.trial.params)
             priced = price_candidate(spec, params, corpus=active.corpus)
             if priced.train_spec is None:
@@ -470,9 +469,8 @@ class Runner(TrialOutcomes):
             params = suggest(trial, spec)
             self._update_run(run_id, trial.number, params)
             priced = price_candidate(spec, params, corpus=active.corpus)
-            if priced.arch_dict is not None:
-                trial.set_user_attr(ATTR_ARCH, priced.arch_dict)
-            trial.set_user_attr(ATTR_COSTS, priced.metrics)
+            arch = {ATTR_ARCH: priced.arch_dict} if priced.arch_dict is not None else {}
+            set_user_attrs(study, trial, arch | {ATTR_COSTS: priced.metrics})
             if priced.outcome != "train":  # infeasible or over a constraint: never trained
                 outcome = TrialOutcome(priced.outcome)
                 self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)

@@ -11,10 +11,12 @@ runner at about 100 workers of 60-second trials.
 
 A runner owns the unfinished trials of the jobs it drives: it holds its cluster's lease
 (`nas_service.lease`), and nothing else writes a trial (the API writes jobs, never trials;
-recovery runs in the runner). So `OwnedTrials` re-reads an unfinished trial only after this
-storage object wrote to it (the database stays the source of truth: a written trial is read
-back as the database has it), plus the trials created since the last read; a read costs
-O(trials written since), and a trial's own writes are a constant number. Use it only in the
+recovery runs in the runner). So `OwnedTrials` writes to the database first (the source of
+truth) and then puts the same write into its cached copy (parameters, attributes,
+intermediate values); it re-reads an unfinished trial only after its state changed (the
+database sets the timestamps) or a write to it failed, plus the trials created since the
+last read: a read costs O(trials changed since), a trial's own writes a constant number.
+Several attributes of one trial go in one transaction (`set_user_attrs`). Use it only in the
 process that holds the lease; every other reader keeps Optuna's storage.
 
 Two reads the runner makes on every pass of its loop would still cost O(trials recorded)
@@ -29,19 +31,25 @@ answers a read of unfinished states from its set of unfinished trials alone.
 from __future__ import annotations
 
 import copy
+import json
+import sqlite3
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
+import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
+from optuna.storages._rdb import models
+from optuna.storages._rdb.storage import _create_scoped_session
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.dialects import postgresql, sqlite
 
 
 class OwnedTrials(_CachedStorage):
-    """`_CachedStorage` that trusts its cached copy of an unfinished trial until it writes
-    to that trial itself (see the module)."""
+    """`_CachedStorage` that keeps its cached copy of an unfinished trial up to date with its
+    own writes (see the module)."""
 
     def __init__(self, backend: RDBStorage, uncounted: str | None = None) -> None:
         """`uncounted`: a user attribute that, when truthy on a finished trial, keeps it out
@@ -100,11 +108,37 @@ class OwnedTrials(_CachedStorage):
         with self._lock:
             self._written.add(trial_id)
 
+    def _apply(self, trial_id: int, **changes: Any) -> None:
+        """Put the runner's own write into its cached copy: a new copy of the trial with the
+        dictionaries it wrote into merged (readers holding the old copy keep it as it was).
+        A trial not cached is marked for a re-read instead."""
+        with self._lock:
+            place = self._trial_id_to_study_id_and_number.get(trial_id)
+            if place is None or trial_id in self._written:
+                self._written.add(trial_id)
+                return
+            study_id, number = place
+            old = self._studies[study_id].trials[number]
+            new = copy.copy(old)
+            for name, items in changes.items():
+                setattr(new, name, getattr(old, name) | items)
+            self._studies[study_id].trials[number] = new
+
+    def _write(self, trial_id: int, write: Any, **changes: Any) -> None:
+        """A write to the database, then to the cached copy; a write that fails leaves the
+        trial to be re-read (the database is the truth)."""
+        try:
+            write()
+        except BaseException:
+            self._wrote(trial_id)
+            raise
+        self._apply(trial_id, **changes)
+
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
+        """The trial as the database created it (Optuna's storage returns it), cached."""
         trial_id = super().create_new_trial(study_id, template_trial)
         with self._lock:
             self._studies[study_id].unfinished_trial_ids.add(trial_id)
-            self._written.add(trial_id)
             self._newest[study_id] = max(self._newest.get(study_id, -1), trial_id)
         return trial_id
 
@@ -115,12 +149,20 @@ class OwnedTrials(_CachedStorage):
         param_value_internal: float,
         distribution: BaseDistribution,
     ) -> None:
-        super().set_trial_param(trial_id, param_name, param_value_internal, distribution)
-        self._wrote(trial_id)
+        external = distribution.to_external_repr(param_value_internal)
+        self._write(
+            trial_id,
+            lambda: super(OwnedTrials, self).set_trial_param(
+                trial_id, param_name, param_value_internal, distribution
+            ),
+            _params={param_name: external},
+            _distributions={param_name: distribution},
+        )
 
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
+        """The state is re-read after it changes (the database sets the timestamps)."""
         try:
             return super().set_trial_state_values(trial_id, state, values)
         finally:
@@ -129,26 +171,85 @@ class OwnedTrials(_CachedStorage):
     def set_trial_intermediate_value(
         self, trial_id: int, step: int, intermediate_value: float
     ) -> None:
-        super().set_trial_intermediate_value(trial_id, step, intermediate_value)
-        self._wrote(trial_id)
+        self._write(
+            trial_id,
+            lambda: super(OwnedTrials, self).set_trial_intermediate_value(
+                trial_id, step, intermediate_value
+            ),
+            intermediate_values={step: intermediate_value},
+        )
 
     def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
-        super().set_trial_user_attr(trial_id, key, value)
-        self._wrote(trial_id)
+        self.set_trial_user_attrs(trial_id, {key: value})
+
+    def set_trial_user_attrs(self, trial_id: int, attrs: dict[str, Any]) -> None:
+        """Several user attributes of one trial in one transaction: on PostgreSQL and SQLite
+        one check of the trial's state and one multi-row upsert (Optuna's storage writes an
+        attribute as a read of the trial and an upsert, in a transaction of its own)."""
+        backend = self._backend
+        rows = [
+            {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+            for key, value in attrs.items()
+        ]
+        dialect = backend.engine.name
+        bulk: Any = None  # the dialect's INSERT with ON CONFLICT (SQLite from 3.24)
+        if dialect == "postgresql":
+            bulk = postgresql.insert
+        elif dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0):
+            bulk = sqlite.insert
+
+        def write() -> None:
+            with _create_scoped_session(backend.scoped_session, True) as session:
+                if bulk is None or len(rows) < 2:
+                    for key, value in attrs.items():
+                        backend._set_trial_attr_without_commit(
+                            session, models.TrialUserAttributeModel, trial_id, key, value
+                        )
+                    return
+                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
+                backend.check_trial_is_updatable(trial_id, cast(TrialState, trial.state))
+                model = models.TrialUserAttributeModel
+                insert = bulk(model).values(rows)
+                session.execute(
+                    insert.on_conflict_do_update(
+                        index_elements=[model.trial_id, model.key],
+                        set_={"value_json": insert.excluded.value_json},
+                    )
+                )
+
+        self._write(trial_id, write, _user_attrs=dict(attrs))
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
-        super().set_trial_system_attr(trial_id, key, value)
-        self._wrote(trial_id)
+        self._write(
+            trial_id,
+            lambda: super(OwnedTrials, self).set_trial_system_attr(trial_id, key, value),
+            _system_attrs={key: value},
+        )
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
-        """A finished trial from the cache; an unfinished one from the cache unless written
-        since (then from the database, as `_CachedStorage`)."""
+        """From the cache, unless its state changed or a write failed since it was read: then
+        from the database, and that copy cached (the runner reads and writes from one
+        thread, so nothing is written between the read and the caching)."""
         with self._lock:
             place = self._trial_id_to_study_id_and_number.get(trial_id)
             if place is not None and trial_id not in self._written:
                 study_id, number = place
                 return self._studies[study_id].trials[number]
-        return super().get_trial(trial_id)
+        trial = super().get_trial(trial_id)
+        if place is not None:  # the database's copy: cache it (no re-read needed after)
+            self._reread(place[0], trial)
+        return trial
+
+    def _reread(self, study_id: int, trial: FrozenTrial) -> None:
+        with self._lock:
+            study = self._studies[study_id]
+            if trial._trial_id not in self._written:
+                return
+            self._written.discard(trial._trial_id)
+            self._add_trials_to_cache(study_id, [trial])
+            if trial.state.is_finished():
+                study.unfinished_trial_ids.discard(trial._trial_id)
+                study.last_finished_trial_id = max(study.last_finished_trial_id, trial._trial_id)
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         """The first read of a study reads every trial (as Optuna does); later reads only
@@ -181,3 +282,22 @@ class OwnedTrials(_CachedStorage):
                     continue
                 study.last_finished_trial_id = max(study.last_finished_trial_id, trial._trial_id)
                 study.unfinished_trial_ids.discard(trial._trial_id)
+
+
+def set_user_attrs(
+    study: optuna.Study, trial: optuna.Trial | FrozenTrial, attrs: dict[str, Any]
+) -> None:
+    """Several user attributes of one trial, in one transaction on the runner's storage (in
+    the order given, one per attribute on any other). An `optuna.Trial`'s own copy is kept
+    up to date as `Trial.set_user_attr` keeps it."""
+    storage = study._storage
+    if isinstance(storage, OwnedTrials):
+        storage.set_trial_user_attrs(trial._trial_id, attrs)
+        if isinstance(trial, optuna.Trial):
+            trial._cached_frozen_trial.user_attrs.update(attrs)
+        return
+    for key, value in attrs.items():
+        if isinstance(trial, optuna.Trial):
+            trial.set_user_attr(key, value)
+        else:  # a trial of a stopped runner, read back from the storage
+            storage.set_trial_user_attr(trial._trial_id, key, value)

@@ -29,12 +29,27 @@ def _expected_count(trials: list[optuna.trial.FrozenTrial]) -> int:
 
 
 def _summary(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[object, ...]]:
-    return [(t.number, t.state, t.values, t.params, sorted(t.user_attrs.items())) for t in trials]
+    return [
+        (
+            t.number,
+            t.state,
+            t.values,
+            t.params,
+            t.distributions,
+            sorted(t.user_attrs.items()),
+            sorted(t.system_attrs.items()),
+            t.intermediate_values,
+            t.datetime_start,
+            t.datetime_complete,
+        )
+        for t in trials
+    ]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_owned_trials_equal_a_fresh_reader_after_random_writes(tmp_path: Path, seed: int) -> None:
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed: int) -> None:
+    """On both backends (the attributes' one-transaction upsert is dialect SQL)."""
+    url = db_url
     storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
     study = optuna.create_study(study_name="s", storage=storage)
     rng = random.Random(seed)
@@ -43,10 +58,20 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(tmp_path: Path, s
         op = rng.random()
         if op < 0.15:
             study.enqueue_trial({"x": rng.uniform(0, 1)})
-        elif op < 0.5 or not running:
+        elif op < 0.45 or not running:
             trial = study.ask()
             trial.suggest_float("x", 0, 1)
+            trial.suggest_categorical("kind", ["a", "b"])
             running.append(trial)
+        elif op < 0.6:  # writes to a running trial, applied to the cached copy
+            trial = rng.choice(running)
+            trial.report(rng.random(), step)  # also writes Optuna's own copy of the trial
+            storage.set_trial_intermediate_value(trial._trial_id, step + 1000, rng.random())
+            trial.set_user_attr(f"k{step % 3}", {"step": step})
+            storage.set_trial_user_attrs(trial._trial_id, {"a": step, "b": [step]})
+            storage.set_trial_system_attr(trial._trial_id, "sys", step)
+            fresh = {t.number: t for t in _fresh(url, "s")}
+            assert _summary([storage.get_trial(trial._trial_id)]) == _summary([fresh[trial.number]])
         else:
             trial = running.pop(rng.randrange(len(running)))
             kind = rng.random()
@@ -70,6 +95,24 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(tmp_path: Path, s
                 assert _summary(mine) == _summary(theirs), states
     assert Runner.counted(study) == _expected_count(_fresh(url, "s"))
     assert any(t.user_attrs.get(ATTR_LOST) for t in _fresh(url, "s"))
+
+
+def test_a_failed_write_leaves_the_trial_to_be_re_read(tmp_path: Path) -> None:
+    """A write the database refuses (the trial finished meanwhile) changes nothing cached:
+    the next read is the database's."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url))
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    other = optuna_storage(url)  # another writer (never the case in service; here the test's)
+    other.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_user_attrs(trial._trial_id, {"a": 1, "b": 2})
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_trial_user_attrs(trial._trial_id, {"a": 1})
+    frozen = storage.get_trial(trial._trial_id)
+    assert frozen.state == TrialState.FAIL
+    assert frozen.user_attrs == {}
 
 
 def test_a_reopened_cache_counts_what_an_earlier_one_wrote(tmp_path: Path) -> None:
