@@ -15,14 +15,19 @@ from typing import Any
 import numpy as np
 
 from cost_model._config import ArchConfig, ArchGrid, _Derived
-from cost_model._workload import Parallelism, Workload
+from cost_model._workload import Parallelism, Workload, check_positions
 from cost_model.comm import (
     PipelineComm,
     data_parallel_bytes_per_step,
     pipeline_comm,
     tensor_parallel_bytes_per_step,
 )
-from cost_model.flops import FlopsBreakdown, forward_flops_per_token, prefill_flops
+from cost_model.flops import (
+    FlopsBreakdown,
+    forward_flops_per_token,
+    prefill_flops,
+    training_flops_per_token,
+)
 from cost_model.hardware import Hardware, RooflineTime, get_hardware
 from cost_model.io import ResidualIO, residual_io
 from cost_model.memory import InferenceMemory, TrainingMemory, inference_memory, training_memory
@@ -34,7 +39,14 @@ from cost_model.timing import decode_token_time, train_step_time
 METRICS: dict[str, tuple[str, str]] = {
     "params": ("parameters", "exact parameter count"),
     "non_embedding_params": ("parameters", "parameters without token/position embeddings"),
-    "train_flops_per_token": ("FLOPs", "forward + backward FLOPs per trained token"),
+    "train_flops_per_token": (
+        "FLOPs",
+        "model FLOPs per trained token: forward + backward, no recomputation (the budget)",
+    ),
+    "train_hardware_flops_per_token": (
+        "FLOPs",
+        "hardware FLOPs per trained token, with the workload's recomputation (the device)",
+    ),
     "prefill_flops": ("FLOPs", "forward FLOPs of a prefill of prefill_tokens"),
     "decode_flops_per_token": ("FLOPs", "forward FLOPs of one decoded token at decode_context"),
     "train_memory_bytes": ("bytes", "peak training memory per device (AdamW)"),
@@ -61,6 +73,7 @@ class CostReport:
     params: ParamCount
     forward_flops: FlopsBreakdown
     train_flops_per_token: Any
+    train_hardware_flops_per_token: Any
     prefill_flops: Any
     decode_flops_per_token: Any
     training_memory: TrainingMemory
@@ -79,6 +92,7 @@ class CostReport:
             "params": self.params.total,
             "non_embedding_params": self.params.non_embedding,
             "train_flops_per_token": self.train_flops_per_token,
+            "train_hardware_flops_per_token": self.train_hardware_flops_per_token,
             "prefill_flops": self.prefill_flops,
             "decode_flops_per_token": self.decode_flops_per_token,
             "train_memory_bytes": self.training_memory.total_bytes,
@@ -106,6 +120,7 @@ class CostReport:
                 "params": self.params.as_dict(),
                 "forward_flops_per_token": self.forward_flops.as_dict(),
                 "train_flops_per_token": self.train_flops_per_token,
+                "train_hardware_flops_per_token": self.train_hardware_flops_per_token,
                 "prefill_flops": self.prefill_flops,
                 "decode_flops_per_token": self.decode_flops_per_token,
                 "training_memory": self.training_memory.as_dict(),
@@ -139,11 +154,15 @@ def _plain(value: Any) -> Any:
 
 def _report(cfg: _Derived, workload: Workload, parallel: Parallelism, hw: Hardware) -> CostReport:
     s = workload.seq_len or cfg.seq_len
+    check_positions(cfg, "seq_len", s)  # before the prefill and decode lengths default to it
     fwd = forward_flops_per_token(cfg, attended=s)
     return CostReport(
         params=param_count(cfg),
         forward_flops=fwd,
         train_flops_per_token=3 * fwd.total_flops,
+        train_hardware_flops_per_token=training_flops_per_token(
+            cfg, attended=s, recompute=workload.recompute
+        ),
         prefill_flops=prefill_flops(cfg, workload.prefill_tokens or s),
         decode_flops_per_token=forward_flops_per_token(
             cfg, attended=workload.decode_context or s
