@@ -38,6 +38,7 @@ from collections.abc import Container, Iterable, Sequence
 from typing import Any, cast
 
 import optuna
+from optuna import distributions
 from optuna.distributions import BaseDistribution
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
@@ -61,6 +62,9 @@ class OwnedTrials(_CachedStorage):
         self._loaded: set[int] = set()  # studies read in full once
         self._tally: dict[int, Counter[TrialState]] = {}  # per study: finished, by state
         self._tallied: set[int] = set()  # trial ids in a tally (or set apart as uncounted)
+        # per trial: parameters suggested, not written yet (name, internal value, distribution,
+        # the study's distribution of that name when it was suggested)
+        self._pending: dict[int, list[tuple[str, float, BaseDistribution, Any]]] = {}
 
     @property
     def uncounted(self) -> str | None:
@@ -92,11 +96,16 @@ class OwnedTrials(_CachedStorage):
         states: Container[TrialState] | None = None,
     ) -> list[FrozenTrial]:
         """As `_CachedStorage`; a read of unfinished states only (`ask` listing the WAITING
-        trials, recovery the RUNNING ones) looks at the unfinished trials alone."""
+        trials, recovery the RUNNING ones) looks at the unfinished trials alone, and a read
+        of the WAITING ones only (every `ask`) does not go to the database once the study is
+        loaded: a trial is WAITING only as this storage created it (enqueued), and leaves
+        that state only by this storage's write, which its cached copy follows."""
         finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
         if states is None or any(state in states for state in finished):
             return super().get_all_trials(study_id, deepcopy, states)
-        self._read_trials_from_remote_storage(study_id)
+        others = (TrialState.RUNNING,)
+        if study_id not in self._loaded or any(state in states for state in others):
+            self._read_trials_from_remote_storage(study_id)
         with self._lock:
             study = self._studies[study_id]
             place = self._trial_id_to_study_id_and_number
@@ -149,7 +158,33 @@ class OwnedTrials(_CachedStorage):
         param_value_internal: float,
         distribution: BaseDistribution,
     ) -> None:
+        """Checked now as the database would check it (the trial unfinished, the distribution
+        compatible with the study's), cached, and written with the trial's next write — in
+        the same transaction as its attributes (`set_trial_user_attrs`: the runner writes a
+        trial's costs right after suggesting it) — or before the next read of the database.
+        A runner stopped in between leaves a running trial without parameters: it was never
+        launched, and recovery re-enqueues it as any trial left running."""
         external = distribution.to_external_repr(param_value_internal)
+        with self._lock:
+            place = self._trial_id_to_study_id_and_number.get(trial_id)
+            deferred = place is not None and trial_id not in self._written
+            if deferred:
+                assert place is not None
+                study = self._studies[place[0]]
+                self.check_trial_is_updatable(trial_id, study.trials[place[1]].state)
+                previous = study.param_distribution.get(param_name)
+                if previous is not None:
+                    distributions.check_distribution_compatibility(previous, distribution)
+                else:
+                    study.param_distribution[param_name] = distribution
+                self._pending.setdefault(trial_id, []).append(
+                    (param_name, param_value_internal, distribution, previous)
+                )
+        if deferred:
+            self._apply(
+                trial_id, _params={param_name: external}, _distributions={param_name: distribution}
+            )
+            return
         self._write(
             trial_id,
             lambda: super(OwnedTrials, self).set_trial_param(
@@ -159,18 +194,79 @@ class OwnedTrials(_CachedStorage):
             _distributions={param_name: distribution},
         )
 
+    def _write_params(self, session: Any, trial_id: int) -> bool:
+        """The trial's pending parameters into `session` (True if there were any)."""
+        with self._lock:
+            pending = list(self._pending.get(trial_id, ()))
+        for name, internal, dist, previous in pending:
+            if previous is None:  # the database's check against the study's other trials
+                self._backend._set_trial_param_without_commit(
+                    session, trial_id, name, internal, dist, None
+                )
+                continue
+            session.add(
+                models.TrialParamModel(
+                    trial_id=trial_id,
+                    param_name=name,
+                    param_value=internal,
+                    distribution_json=distributions.distribution_to_json(dist),
+                )
+            )
+        return bool(pending)
+
+    def _written_params(self, trial_id: int, count: int) -> None:
+        with self._lock:
+            left = self._pending.get(trial_id, [])[count:]
+            if left:
+                self._pending[trial_id] = left
+            else:
+                self._pending.pop(trial_id, None)
+
+    def _flush(self, trial_id: int) -> None:
+        """The trial's pending parameters, in a transaction of their own."""
+        with self._lock:
+            count = len(self._pending.get(trial_id, ()))
+        if not count:
+            return
+        with _create_scoped_session(self._backend.scoped_session, True) as session:
+            self._write_params(session, trial_id)
+        self._written_params(trial_id, count)
+
+    def _flush_all(self) -> None:
+        with self._lock:
+            ids = list(self._pending)
+        for trial_id in ids:
+            self._flush(trial_id)
+
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
-        """The state is re-read after it changes (the database sets the timestamps)."""
+        """The trial is re-read after its state changes (the database sets the timestamps);
+        until then its cached copy has the new state (so a trial taken from WAITING is no
+        longer listed there). A change the database refuses is re-read at once."""
+        self._flush(trial_id)
         try:
-            return super().set_trial_state_values(trial_id, state, values)
-        finally:
+            changed = super().set_trial_state_values(trial_id, state, values)
+        except BaseException:
             self._wrote(trial_id)
+            raise
+        if not changed:  # another writer changed it first: the database's copy
+            self._wrote(trial_id)
+            self.get_trial(trial_id)
+            return changed
+        with self._lock:
+            place = self._trial_id_to_study_id_and_number.get(trial_id)
+            if place is not None:  # a new copy (readers holding the old one keep it)
+                trials = self._studies[place[0]].trials
+                trials[place[1]] = copy.copy(trials[place[1]])
+                trials[place[1]].state = state
+            self._written.add(trial_id)
+        return changed
 
     def set_trial_intermediate_value(
         self, trial_id: int, step: int, intermediate_value: float
     ) -> None:
+        self._flush(trial_id)
         self._write(
             trial_id,
             lambda: super(OwnedTrials, self).set_trial_intermediate_value(
@@ -198,8 +294,12 @@ class OwnedTrials(_CachedStorage):
         elif dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0):
             bulk = sqlite.insert
 
+        with self._lock:
+            params = len(self._pending.get(trial_id, ()))
+
         def write() -> None:
             with _create_scoped_session(backend.scoped_session, True) as session:
+                self._write_params(session, trial_id)  # the suggested parameters first
                 if bulk is None or len(rows) < 2:
                     for key, value in attrs.items():
                         backend._set_trial_attr_without_commit(
@@ -218,8 +318,10 @@ class OwnedTrials(_CachedStorage):
                 )
 
         self._write(trial_id, write, _user_attrs=dict(attrs))
+        self._written_params(trial_id, params)
 
     def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._flush(trial_id)
         self._write(
             trial_id,
             lambda: super(OwnedTrials, self).set_trial_system_attr(trial_id, key, value),
@@ -235,7 +337,8 @@ class OwnedTrials(_CachedStorage):
             if place is not None and trial_id not in self._written:
                 study_id, number = place
                 return self._studies[study_id].trials[number]
-        trial = super().get_trial(trial_id)
+        self._flush_all()  # the database's copy must have them
+        trial = self._backend.get_trial(trial_id)  # not `super()`'s: it trusts a finished copy
         if place is not None:  # the database's copy: cache it (no re-read needed after)
             self._reread(place[0], trial)
         return trial
@@ -253,7 +356,9 @@ class OwnedTrials(_CachedStorage):
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         """The first read of a study reads every trial (as Optuna does); later reads only
-        the unfinished trials this storage wrote since, and the trials newer than any read."""
+        the unfinished trials this storage wrote since, and the trials newer than any read.
+        Pending parameters are written first (the database's copies must have them)."""
+        self._flush_all()
         with self._lock:
             first = study_id not in self._loaded
         if first:

@@ -86,6 +86,9 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
                 trial.set_user_attr("note", step)
                 study.tell(trial, state=TrialState.FAIL)
         if step % 10 == 9:
+            # suggested parameters reach the database with the trial's next write, or
+            # before the storage's next read of the database
+            study.get_trials(deepcopy=False)
             fresh = _fresh(url, "s")
             assert Runner.counted(study) == _expected_count(fresh)
             assert storage.finished_count(study._study_id, COUNTED) == _expected_count(fresh)
@@ -95,6 +98,28 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
                 assert _summary(mine) == _summary(theirs), states
     assert Runner.counted(study) == _expected_count(_fresh(url, "s"))
     assert any(t.user_attrs.get(ATTR_LOST) for t in _fresh(url, "s"))
+
+
+def test_suggested_parameters_are_written_with_the_trials_attributes(tmp_path: Path) -> None:
+    """A trial's parameters wait for its next write and go in its transaction: a reader sees
+    them with the attributes, and a refused distribution is refused at the suggestion."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url))
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    x = trial.suggest_float("x", 0, 1)
+    kind = trial.suggest_categorical("kind", ["a", "b"])
+    assert _fresh(url, "s")[0].params == {}  # not yet written
+    assert storage.get_trial(trial._trial_id).params == {"x": x, "kind": kind}  # cached
+    storage.set_trial_user_attrs(trial._trial_id, {"costs": {"m": 1.0}, "arch": {}})
+    (seen,) = _fresh(url, "s")
+    assert seen.params == {"x": x, "kind": kind} and seen.user_attrs["costs"] == {"m": 1.0}
+    second = study.ask()
+    with pytest.raises(ValueError):  # incompatible with the study's distribution of "x"
+        second.suggest_categorical("x", ["p", "q"])
+    study.tell(second, 0.5)  # its state change writes what it had
+    study.tell(trial, 0.25)
+    assert _summary(_fresh(url, "s")) == _summary(study.get_trials())
 
 
 def test_a_failed_write_leaves_the_trial_to_be_re_read(tmp_path: Path) -> None:
