@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from cost_model._config import CostInputError
+from cost_model.hardware import RooflineTime
 
 #: The fitted terms, in the order of the design matrix's columns.
 TERMS = ("compute_s", "memory_s", "overhead_s")
@@ -107,6 +108,17 @@ class StepModel:
     def predict(self, compute_s: Any, memory_s: Any) -> Any:
         """Calibrated step time in seconds (one candidate or arrays)."""
         return self.compute_factor * compute_s + self.memory_factor * memory_s + self.overhead_s
+
+    def step_time(self, roofline: RooflineTime) -> Any:
+        """The calibrated time of a step the roofline prices (one candidate or arrays): the
+        fitted busy time `predict(compute_s, memory_s)`, stretched by the roofline's pipeline
+        bubble (the same fraction of the busy time), plus its communication time. A fit on
+        single-device steps measures neither link nor bubble, so those stay as the roofline
+        has them."""
+        busy = np.maximum(roofline.compute_s, roofline.memory_s)
+        bubble = np.where(busy > 0, roofline.bubble_s / np.where(busy > 0, busy, 1.0), 0.0)
+        fitted = self.predict(roofline.compute_s, roofline.memory_s)
+        return fitted * (1.0 + bubble) + roofline.comm_s
 
     @property
     def compute_efficiency(self) -> float | None:

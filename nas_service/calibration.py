@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import optuna
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -221,7 +222,7 @@ def _memory_comparison(points: list[Point]) -> list[MemoryComparisonRead]:
 def calibrated_step_time_s(model: StepModel, roofline: RooflineTime) -> float:
     """The metric `calibrated_step_time_s`: a·compute_s + b·memory_s + c of the fitted model
     on a candidate's roofline terms (of the step, device kind and hardware it was fitted for)."""
-    return float(model.predict(roofline.compute_s, roofline.memory_s))
+    return float(model.step_time(roofline))
 
 
 def _group(kind: str, points: list[Point]) -> CalibrationGroupRead:
@@ -374,3 +375,37 @@ def plot_calibration(answer: CalibrationRead, path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+@dataclass(frozen=True)
+class ClusterFit:
+    """A cluster's step-time fit on one hardware preset: the model (None below
+    `MIN_TRIALS` measured trials), the trials it rests on and the device kinds they ran on."""
+
+    model: StepModel | None
+    trials: int
+    device_kinds: tuple[str, ...]
+
+
+def cluster_fit(
+    session: Session, storage: optuna.storages.BaseStorage, cluster: str, hardware: str
+) -> ClusterFit:
+    """The fit of the measured trials of `cluster`'s recent jobs (`CLUSTER_JOBS`) whose
+    device kind maps to the preset `hardware`: what a job that names `calibrated_step_time_s`
+    takes when it is submitted (`jobs.submit_job`)."""
+    if not isinstance(storage, optuna.storages.RDBStorage):
+        storage = storage._backend  # type: ignore[attr-defined]  # the runner's cached one
+    cache = ResultsCache(storage)
+    points: list[Point] = []
+    for job in _cluster_jobs(session, cluster):
+        found, _ = trial_points(job.id, job.spec, job_results(cache, job).rows)
+        points += [p for p in found if p.hardware == hardware]
+    kinds = tuple(sorted({p.device_kind for p in points}))
+    if len(points) < MIN_TRIALS:
+        return ClusterFit(None, len(points), kinds)
+    model = fit_step_model(
+        [float(p.roofline.compute_s) for p in points],
+        [float(p.roofline.memory_s) for p in points],
+        [p.measured_s for p in points],
+    )
+    return ClusterFit(model, len(points), kinds)

@@ -39,7 +39,14 @@ from nas_service.db import (
 from nas_service.db.engine import SQLITE_BUSY_TIMEOUT_S, normalise_url, pool_kwargs
 from nas_service.search import create_study
 from nas_service.settings import Settings
-from nas_service.spec import JobSpec, check_job, parse_spec
+from nas_service.spec import (
+    CALIBRATED,
+    JobSpec,
+    SpecError,
+    StepCalibration,
+    check_job,
+    parse_spec,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
@@ -115,6 +122,8 @@ def submit_job(
     one; `submit` is one)."""
     spec = data if isinstance(data, JobSpec) else parse_spec(data)
     candidates = check_job(spec, settings)
+    storage = storage or optuna_storage(settings.database_url, settings)
+    spec = with_calibration(session, storage, spec)
     limit = settings.max_concurrent_jobs
     owned = not session.in_transaction()
     active = _count_active(session)  # a cheap early refusal (decided again under the lock)
@@ -124,7 +133,6 @@ def submit_job(
         raise JobLimitError(active, limit)
     job_id = str(uuid.uuid4())
     study_name = f"depthscope-{job_id}"
-    storage = storage or optuna_storage(settings.database_url, settings)
     try:
         create_study(spec, storage, study_name)
     except BaseException:
@@ -153,6 +161,42 @@ def submit_job(
     session.add(job)
     session.flush()
     return job
+
+
+def with_calibration(
+    session: Session, storage: optuna.storages.BaseStorage, spec: JobSpec
+) -> JobSpec:
+    """A spec that names `calibrated_step_time_s` (an objective or a constraint) without a
+    `cost.calibration` takes its cluster's fit for its hardware now, stored with the job (so
+    every trial of the job is priced by the same factors); refused, naming where the metric
+    is named, while the cluster has fewer than `MIN_TRIALS` measured trials there."""
+    named = [("objectives", m) for m in spec.objectives if m == CALIBRATED]
+    named += [
+        (f"constraints.{i}.metric", c.metric)
+        for i, c in enumerate(spec.constraints)
+        if c.metric == CALIBRATED
+    ]
+    if not named or spec.cost.calibration is not None:
+        return spec
+    from nas_service.calibration import MIN_TRIALS, cluster_fit
+
+    fit = cluster_fit(session, storage, spec.cluster, spec.cost.hardware)
+    if fit.model is None:
+        reason = (
+            f"cluster {spec.cluster!r} has {fit.trials} measured trials on {spec.cost.hardware}; "
+            f"{CALIBRATED} needs {MIN_TRIALS} (or give cost.calibration)"
+        )
+        raise SpecError([(named[0][0], reason)])
+    calibration = StepCalibration(
+        compute_factor=fit.model.compute_factor,
+        memory_factor=fit.model.memory_factor,
+        overhead_s=fit.model.overhead_s,
+        device_kind=", ".join(fit.device_kinds),
+        trials=fit.trials,
+    )
+    return spec.model_copy(
+        update={"cost": spec.cost.model_copy(update={"calibration": calibration})}
+    )
 
 
 def submit(

@@ -29,6 +29,7 @@ import optuna
 
 from cost_model import (
     ArchConfig,
+    CostReport,
     LayoutSpace,
     Parallelism,
     Workload,
@@ -36,9 +37,17 @@ from cost_model import (
     price,
     search_layout,
 )
+from cost_model.calibration import StepModel
 from cost_model.residuals import DEPTH_MIXED
+from nas_service.spec import (
+    CALIBRATED,
+    CandidateSpace,
+    JobSpec,
+    StepCalibration,
+    Training,
+    build_candidate,
+)
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
-from nas_service.spec import CandidateSpace, JobSpec, Training, build_candidate
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
@@ -175,13 +184,31 @@ COST_CACHE_SIZE = 4096
 
 @functools.lru_cache(maxsize=COST_CACHE_SIZE)
 def _cost_metrics(
-    arch: ArchConfig, workload: Workload, layout: Parallelism, hardware: str
+    arch: ArchConfig,
+    workload: Workload,
+    layout: Parallelism,
+    hardware: str,
+    calibration: StepCalibration | None = None,
 ) -> tuple[tuple[str, float], ...]:
     """Every cost metric of `arch` in a cost context (`cost_model.price`), as immutable
     pairs: the costs depend on the architecture and the context only, never on the budget or
-    the training axes."""
+    the training axes. With a calibration, `calibrated_step_time_s` too."""
     report = price(arch, workload, layout, get_hardware(hardware))
-    return tuple((k, float(v)) for k, v in report.metrics().items())
+    metrics = {k: float(v) for k, v in report.metrics().items()}
+    return tuple((metrics | _calibrated(report, calibration)).items())
+
+
+def _calibrated(report: CostReport, calibration: StepCalibration | None) -> dict[str, float]:
+    """`calibrated_step_time_s` of a priced step (`StepModel.step_time`), or nothing."""
+    if calibration is None:
+        return {}
+    model = StepModel(
+        compute_factor=calibration.compute_factor,
+        memory_factor=calibration.memory_factor,
+        overhead_s=calibration.overhead_s,
+        rows=calibration.trials,
+    )
+    return {CALIBRATED: float(model.step_time(report.step_time))}
 
 
 @functools.lru_cache(maxsize=COST_CACHE_SIZE)
@@ -191,6 +218,7 @@ def _best_layout_metrics(
     space: LayoutSpace,
     hardware: str,
     memory_cap_bytes: float | None,
+    calibration: StepCalibration | None = None,
 ) -> tuple[tuple[tuple[str, float], ...], str]:
     """`cost.layout: auto`: every cost metric of `arch` at its fastest layout of `space`
     (`cost_model.search_layout`) and that layout's `LAYOUT_METRICS`, as immutable pairs, and
@@ -202,7 +230,7 @@ def _best_layout_metrics(
     best = found.best.layout
     report = price(arch, best.workload(workload), best.parallelism(), hw)
     metrics = {k: float(v) for k, v in report.metrics().items()} | found.metrics()
-    return tuple(metrics.items()), ""
+    return tuple((metrics | _calibrated(report, calibration)).items()), ""
 
 
 @dataclass
@@ -237,14 +265,21 @@ def price_candidate(
     if spec.cost.layout == "auto":
         cost = spec.cost
         pairs, why = _best_layout_metrics(
-            arch, workload, cost.layout_space(), cost.hardware, cost.memory_cap_bytes
+            arch,
+            workload,
+            cost.layout_space(),
+            cost.hardware,
+            cost.memory_cap_bytes,
+            cost.calibration,
         )
         if not pairs:
             reason = f"no parallel layout: {why}"
             return Priced(params, arch.to_dict(), {}, "infeasible", reason, None)
         metrics = dict(pairs)
     else:
-        metrics = dict(_cost_metrics(arch, workload, layout, spec.cost.hardware))
+        metrics = dict(
+            _cost_metrics(arch, workload, layout, spec.cost.hardware, spec.cost.calibration)
+        )
     for constraint in spec.constraints:
         value = metrics[constraint.metric]
         if value > constraint.max:

@@ -44,6 +44,7 @@ from nas_service.spec.files import (
     read_yaml_mapping,
 )
 from nas_service.spec.model import (
+    CALIBRATED,
     LOSS,
     MAX_ASPECT_RATIO,
     MAX_CONSTRAINTS,
@@ -76,6 +77,7 @@ from nas_service.spec.model import (
     ParamsTarget,
     SearchSpace,
     SpecError,
+    StepCalibration,
     Text,
     TrainAxis,
     Training,
@@ -96,6 +98,7 @@ from nas_service.spec.space import (
 
 __all__ = [
     "AXES",
+    "CALIBRATED",
     "LOSS",
     "MAX_ASPECT_RATIO",
     "MAX_CONSTRAINTS",
@@ -132,6 +135,7 @@ __all__ = [
     "ParamsTarget",
     "SearchSpace",
     "SpecError",
+    "StepCalibration",
     "Text",
     "TrainAxis",
     "Training",

@@ -39,7 +39,10 @@ from workers.contract import Schedule
 LOSS = "val_loss"
 #: The cost metrics a constraint may cap: the report's, and with `cost.layout: auto` the
 #: best layout's (`cost_model.LAYOUT_METRICS`).
-COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS)
+#: The calibrated step time (`cost.calibration`): the roofline's terms with the efficiency
+#: factors fitted on measured trials (`nas_service.calibration`).
+CALIBRATED = "calibrated_step_time_s"
+COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS, CALIBRATED)
 OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *COST_METRICS)
 
 #: Ceilings of the fields that size something and have no operator limit in `Settings`.
@@ -614,6 +617,26 @@ SEARCHED_LAYOUT_FIELDS = (
 AUTO_LAYOUT_FIELDS = ("devices", "global_batch", "memory_cap_bytes", "max_virtual")
 
 
+class StepCalibration(_Strict):
+    """Efficiency factors of the step time on one device kind (`cost_model.calibration`):
+    t = compute_factor · compute_s + memory_factor · memory_s + overhead_s. Filled in by the
+    service when a job that names `calibrated_step_time_s` is submitted without one (the fit
+    of its cluster's measured trials at that moment, so the job's trials stay comparable), or
+    given by the user (factors from their own measurements)."""
+
+    compute_factor: float = Field(ge=0, le=1e6)
+    memory_factor: float = Field(ge=0, le=1e6)
+    overhead_s: float = Field(ge=0, le=3600)
+    device_kind: Text = Field(default="given", max_length=200)
+    trials: int = Field(default=0, ge=0)  # the measured trials fitted (0: given by the user)
+
+    @model_validator(mode="after")
+    def _some_time(self) -> StepCalibration:
+        if self.compute_factor == self.memory_factor == self.overhead_s == 0:
+            raise ValueError("a calibration of all zeros predicts no time at all")
+        return self
+
+
 class CostContext(_Strict):
     """The workload, layout and hardware the cost metrics are computed for.
 
@@ -640,6 +663,7 @@ class CostContext(_Strict):
     global_batch: int | None = Field(default=None, ge=1, le=MAX_GLOBAL_BATCH)
     memory_cap_bytes: float | None = Field(default=None, gt=0, le=MAX_MEMORY_CAP_BYTES)
     max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
+    calibration: StepCalibration | None = None
 
     @model_validator(mode="after")
     def _layout_fields(self) -> CostContext:

@@ -238,3 +238,90 @@ def test_below_the_minimum_a_group_says_how_many_more() -> None:
     assert not group.ready and group.needed == 3 and group.trials == MIN_TRIALS - 3
     assert group.model is None and group.cross_validation is None
     assert all(p.calibrated_s is None and p.cv_predicted_s is None for p in group.points)
+
+
+# -- calibrated_step_time_s as a job's metric ---------------------------------------------
+CALIBRATED_JOB: dict[str, Any] = TINY | {
+    "name": "calibrated",
+    "objectives": ["val_loss", "calibrated_step_time_s"],
+    "pruner": "none",
+}
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_a_job_naming_the_calibrated_metric_takes_its_clusters_fit_at_submission(
+    trained: tuple[str, str], api: TestClient
+) -> None:
+    """The fit of the cluster's measured trials on the job's hardware is stored with the job,
+    and every candidate is priced by it: a·compute_s + b·memory_s + c of its own step."""
+    from nas_service.search import price_candidate
+    from nas_service.spec import parse_spec
+
+    url, _ = trained
+    r = api.post("/v1/jobs", json=CALIBRATED_JOB)
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    stored = _job(url, job_id).spec["cost"]["calibration"]
+    cluster = api.get(f"/v1/jobs/{job_id}/calibration", params={"scope": "cluster"}).json()
+    (group,) = [g for g in cluster["groups"] if g["hardware"] == "cpu"]
+    for key in ("compute_factor", "memory_factor", "overhead_s"):
+        assert stored[key] == pytest.approx(group["model"][key], rel=1e-9)
+    assert stored["trials"] == group["trials"] >= MIN_TRIALS
+    assert stored["device_kind"] == "cpu"
+
+    spec = parse_spec(_job(url, job_id).spec)
+    params = {"residual": "baseline", "n_layers": 2, "d_model": 64}
+    priced = price_candidate(spec, params)
+    arch = ArchConfig(**priced.arch_dict)  # type: ignore[arg-type]
+    roof = train_step_time(
+        arch, spec.cost.workload(spec.training), spec.cost.parallelism(), get_hardware("cpu")
+    )
+    expected = (
+        stored["compute_factor"] * float(roof.compute_s)
+        + stored["memory_factor"] * float(roof.memory_s)
+        + stored["overhead_s"]
+    )
+    assert priced.metrics["calibrated_step_time_s"] == pytest.approx(expected, rel=1e-9)
+    api.post(f"/v1/jobs/{job_id}/cancel")
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_too_few_measured_trials_on_the_jobs_hardware_is_refused_naming_the_field(
+    trained: tuple[str, str], api: TestClient
+) -> None:
+    """On hardware the cluster has no measured trials for (h100: its trials ran on the CPU)
+    the job is refused where it names the metric, and nothing is stored."""
+    before = api.get("/v1/jobs").json()
+    spec = CALIBRATED_JOB | {
+        "objectives": ["val_loss"],
+        "constraints": [{"metric": "calibrated_step_time_s", "max": 1.0}],
+        "cost": {"hardware": "h100"},
+    }
+    r = api.post("/v1/jobs", json=spec)
+    assert r.status_code == 422, r.text
+    body = r.text
+    assert "constraints" in body and "0 measured trials on h100" in body
+    assert api.get("/v1/jobs").json() == before
+
+
+def test_given_factors_need_no_measured_trials(client: TestClient) -> None:
+    """`cost.calibration` given in the spec: accepted on an empty service, priced by it;
+    factors out of range are refused naming the field."""
+    given = {"compute_factor": 2.0, "memory_factor": 1.5, "overhead_s": 0.01}
+    spec = CALIBRATED_JOB | {"cost": {"hardware": "cpu", "calibration": given}}
+    r = client.post("/v1/jobs", json=spec)
+    assert r.status_code == 201, r.text
+    client.post(f"/v1/jobs/{r.json()['id']}/cancel")
+    refused = CALIBRATED_JOB | {"cost": {"hardware": "cpu"}}
+    r = client.post("/v1/jobs", json=refused)
+    assert r.status_code == 422 and "objectives" in r.text and "needs 8" in r.text, r.text
+    for bad in ({**given, "memory_factor": -1}, {**given, "compute_factor": 1e9}):
+        r = client.post("/v1/jobs", json=CALIBRATED_JOB | {"cost": {"calibration": bad}})
+        assert r.status_code == 422 and "calibration" in r.text, r.text
+    zeros = {"compute_factor": 0, "memory_factor": 0, "overhead_s": 0}
+    r = client.post("/v1/jobs", json=CALIBRATED_JOB | {"cost": {"calibration": zeros}})
+    assert r.status_code == 422 and "all zeros" in r.text, r.text
