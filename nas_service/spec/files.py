@@ -66,8 +66,9 @@ def load_yaml_text(text: str, source: str = "spec", field: str = "spec") -> Any:
         raise SpecError(
             [(field, f"{source} is over the limit of {MAX_SPEC_BYTES} bytes for a {field} file")]
         )
-    loader = _SpecLoader(text)
+    loader: _SpecLoader | None = None
     try:
+        loader = _SpecLoader(text)  # its reader refuses control characters at once
         return loader.get_single_data()
     except _Refused as exc:
         raise SpecError([(field, exc.reason)]) from None
@@ -76,7 +77,8 @@ def load_yaml_text(text: str, source: str = "spec", field: str = "spec") -> Any:
     except (ValueError, RecursionError) as exc:  # e.g. an integer of more than 4300 digits
         raise SpecError([(field, f"{source} is not a usable {field} file: {exc}")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml_mapping(path: str | Path, field: str = "spec") -> dict[str, Any]:

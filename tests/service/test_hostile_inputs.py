@@ -264,6 +264,7 @@ def test_yaml_text_is_bounded() -> None:
         "n: " + "9" * 5000: "not a usable spec",  # more digits than int() takes
         "name: !!python/object:os.system x": "not valid YAML",
         "a: 1\n---\nb: 2\n": "not valid YAML",
+        "name: \x07bell\n": "not valid YAML",  # a control character: refused by the reader
     }
     for text, fragment in cases.items():
         errors, elapsed = refusal(load_yaml_text, text, "spec.yaml")
