@@ -393,9 +393,8 @@ def cluster_fit(
     """The fit of the measured trials of `cluster`'s recent jobs (`CLUSTER_JOBS`) whose
     device kind maps to the preset `hardware`: what a job that names `calibrated_step_time_s`
     takes when it is submitted (`jobs.submit_job`)."""
-    if not isinstance(storage, optuna.storages.RDBStorage):
-        storage = storage._backend  # type: ignore[attr-defined]  # the runner's cached one
-    cache = ResultsCache(storage)
+    rdb = storage if isinstance(storage, optuna.storages.RDBStorage) else storage._backend  # type: ignore[attr-defined]
+    cache = ResultsCache(rdb)
     points: list[Point] = []
     for job in _cluster_jobs(session, cluster):
         found, _ = trial_points(job.id, job.spec, job_results(cache, job).rows)

@@ -178,7 +178,8 @@ def with_calibration(
     ]
     if not named or spec.cost.calibration is not None:
         return spec
-    from nas_service.calibration import MIN_TRIALS, cluster_fit
+    from cost_model.calibration import MIN_TRIALS
+    from nas_service.calibration import cluster_fit
 
     fit = cluster_fit(session, storage, spec.cluster, spec.cost.hardware)
     if fit.model is None:

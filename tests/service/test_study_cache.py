@@ -70,8 +70,10 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
             trial.set_user_attr(f"k{step % 3}", {"step": step})
             storage.set_trial_user_attrs(trial._trial_id, {"a": step, "b": [step]})
             storage.set_trial_system_attr(trial._trial_id, "sys", step)
-            fresh = {t.number: t for t in _fresh(url, "s")}
-            assert _summary([storage.get_trial(trial._trial_id)]) == _summary([fresh[trial.number]])
+            by_number = {t.number: t for t in _fresh(url, "s")}
+            assert _summary([storage.get_trial(trial._trial_id)]) == _summary(
+                [by_number[trial.number]]
+            )
         else:
             trial = running.pop(rng.randrange(len(running)))
             kind = rng.random()
