@@ -36,6 +36,10 @@ from nas_service.spec.model import (
     MAX_SEARCH_VIRTUAL,
 )
 
+#: A text field's pattern: no NUL character (`routing.check_values` refuses one in any body;
+#: saying so in the schema keeps every schema-valid text acceptable).
+NO_NUL = r"^[^\x00]*$"
+
 #: The most feasible layouts `POST /v1/cost` lists (`feasible_layouts`).
 MAX_FEASIBLE_LISTED = 1000
 
@@ -505,7 +509,11 @@ class SpecText(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: str = Field(max_length=1 << 20, description="the spec as YAML (or JSON) text")
+    text: str = Field(
+        max_length=1 << 20,
+        pattern=NO_NUL,
+        description="the spec as YAML (or JSON) text (no NUL character: no database stores one)",
+    )
 
 
 class ParsedSpec(BaseModel):

@@ -108,6 +108,19 @@ def test_a_malformed_parse_request_is_a_422_naming_the_field(client: TestClient)
     assert error(extra, 422)["field"] == "x"
 
 
+def test_the_parse_request_documents_the_nul_it_refuses(client: TestClient) -> None:
+    """Every request body refuses a NUL character (no database stores one); the parse's only
+    field says so in its schema, so a schema-valid text is never refused (the fuzz test's
+    positive data holds)."""
+    import re
+
+    doc = client.get("/openapi.json", headers=AUTH).json()
+    pattern = doc["components"]["schemas"]["SpecText"]["properties"]["text"]["pattern"]
+    assert re.search(pattern, "name: x\n\u00e9\u0090\u0012") and not re.search(pattern, "f\u0000")
+    nul = client.post("/v1/specs/parse", json={"text": "name: a\u0000b"}, headers=AUTH)
+    assert error(nul, 422)["field"] == "text" and "NUL" in nul.json()["error"]["message"]
+
+
 def test_the_catalogue_names_every_metric_with_its_unit(client: TestClient) -> None:
     from cost_model import METRICS
 
