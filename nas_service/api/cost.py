@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from fastapi import APIRouter
@@ -28,6 +29,8 @@ router = APIRouter(prefix="/v1", tags=["cost"], route_class=ApiRoute, dependenci
 
 #: The workload fields `layout: auto` searches (and refuses to be given).
 _SEARCHED_WORKLOAD = ("micro_batch", "microbatches", "recompute")
+#: The request's `workload` fields, which a refusal while pricing names under `workload.`.
+_WORKLOAD_FIELDS = frozenset(f.name for f in dataclasses.fields(Workload))
 
 
 def _build(kind: type, data: BaseModel, where: str) -> Any:
@@ -35,6 +38,14 @@ def _build(kind: type, data: BaseModel, where: str) -> Any:
         return kind(**data.model_dump())
     except CostInputError as exc:
         raise ApiError(422, exc.reason, f"{where}.{exc.field}") from None
+
+
+def _refused(exc: CostInputError) -> ApiError:
+    """A refusal of the cost model while pricing, as a 422 naming the request's field: a
+    workload field under `workload.` (a training sequence, prefill or decode context longer
+    than learned positions), any other (the layout search's) as the model names it."""
+    field = f"workload.{exc.field}" if exc.field in _WORKLOAD_FIELDS else exc.field
+    return ApiError(422, exc.reason, field)
 
 
 def _changed(model: BaseModel, name: str) -> bool:
@@ -79,7 +90,7 @@ def _auto(arch: ArchConfig, workload: Workload, body: CostRequest, hw: Hardware)
             arch, space, workload, hw, body.memory_cap_bytes, keep=body.feasible_layouts
         )
     except CostInputError as exc:
-        raise ApiError(422, exc.reason, exc.field) from None
+        raise _refused(exc) from None
     if found.best is None:
         field = "memory_cap_bytes" if found.divisible else "devices"
         raise ApiError(422, found.reason, field)
@@ -87,7 +98,7 @@ def _auto(arch: ArchConfig, workload: Workload, body: CostRequest, hw: Hardware)
     try:
         report = price(arch, best.workload(workload), best.parallelism(), hw)
     except CostInputError as exc:
-        raise ApiError(422, exc.reason, exc.field) from None
+        raise _refused(exc) from None
     return CostRead(arch=arch.to_dict(), cost=report.as_dict(), layout=found.as_dict())
 
 
@@ -106,5 +117,5 @@ def cost(body: CostRequest) -> CostRead:
     try:
         cost = price(arch, workload, parallel, hardware).as_dict()
     except CostInputError as exc:
-        raise ApiError(422, exc.reason, exc.field) from None
+        raise _refused(exc) from None
     return CostRead(arch=arch.to_dict(), cost=cost)

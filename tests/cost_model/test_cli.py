@@ -70,3 +70,19 @@ def test_errors_name_the_field() -> None:
     assert out.returncode == 2 and "recompute" in out.stderr
     out = run("--n-layers", "4", "--d-model", "128", "--n-heads", "4", "--hardware", "tpu")
     assert out.returncode == 2 and "hardware: unknown preset 'tpu'" in out.stderr
+
+
+def test_a_length_past_learned_positions_is_refused_naming_the_field() -> None:
+    """A learned position table of seq_len = 16 runs no longer prefill or decode context,
+    with a fixed layout or the searched one; RoPE runs both."""
+    arch = ("--n-layers", "2", "--d-model", "64", "--n-heads", "4", "--seq-len", "16")
+    for flag, field, value in (
+        ("--prefill-tokens", "prefill_tokens", "17"),
+        ("--decode-context", "decode_context", "32"),
+    ):
+        for layout in ((), ("--layout", "auto", "--devices", "2")):
+            out = run(*arch, "--positions", "learned", flag, value, *layout)
+            assert out.returncode == 2, out.stdout
+            assert f"{field}: {value} exceeds the architecture's seq_len = 16" in out.stderr
+            assert "learned positions" in out.stderr
+            assert run(*arch, flag, value, *layout).returncode == 0

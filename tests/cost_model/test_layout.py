@@ -342,3 +342,24 @@ def test_a_bad_cap_or_keep_is_refused() -> None:
     assert info.value.field == "keep"
     # the default cap is the preset's device memory
     assert search_layout(cfg, space, None, "h200").memory_cap_bytes == 141e9
+
+
+def test_sequence_parallelism_needs_the_sequence_split_evenly() -> None:
+    """With sequence parallelism each tensor rank holds seq_len/t whole positions: at
+    seq_len = 130 (= 2·5·13) t = 2 splits it and t = 4 does not; the workload's sequence
+    length decides when it gives one."""
+    cfg = ArchConfig(n_layers=4, d_model=128, n_heads=4, seq_len=130)
+    space = LayoutSpace(devices=4, global_batch=4, max_virtual=1)
+    found = search_layout(cfg, space, None, "h100", math.inf, keep=10_000)
+    split = {(p.layout.tensor, p.layout.sequence_parallel) for p in found.feasible}
+    assert (2, True) in split and (4, False) in split
+    assert (4, True) not in split
+    every = space.layouts()
+    assert found.divisible == sum(not (lay.sequence_parallel and lay.tensor == 4) for lay in every)
+    four_sp = next(lay for lay in every if lay.tensor == 4 and lay.sequence_parallel)
+    assert not divides(cfg, four_sp)
+    assert divides(cfg, four_sp, seq_len=132)
+    grid = ArchGrid.build(cfg, seq_len=np.array([130, 132]))
+    assert np.asarray(divides(grid, four_sp)).tolist() == [False, True]
+    at_132 = search_layout(cfg, space, Workload(seq_len=132), "h100", math.inf, keep=10_000)
+    assert (4, True) in {(p.layout.tensor, p.layout.sequence_parallel) for p in at_132.feasible}

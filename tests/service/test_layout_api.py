@@ -228,3 +228,28 @@ def test_a_bad_layout_spec_is_refused_naming_the_field(
         parse_spec(JOB | change)
     assert info.value.field == field, info.value.errors
     assert fragment in info.value.reason
+
+
+@pytest.mark.parametrize("layout", [{}, {"layout": "auto", "devices": 2}])
+@pytest.mark.parametrize(
+    ("workload", "field"),
+    [
+        ({"prefill_tokens": 17}, "workload.prefill_tokens"),
+        ({"decode_context": 32}, "workload.decode_context"),
+        ({"seq_len": 17}, "workload.seq_len"),
+    ],
+)
+def test_a_length_past_learned_positions_is_a_422_naming_the_workload_field(
+    client: TestClient, layout: dict[str, Any], workload: dict[str, int], field: str
+) -> None:
+    """A learned position table of seq_len = 16 runs no longer prefill, decode context or
+    training sequence, with either layout; the error names the request's field."""
+    learned = {"n_layers": 2, "d_model": 64, "n_heads": 4, "seq_len": 16, "positions": "learned"}
+    refused = error(
+        client.post("/v1/cost", json={"arch": learned, "workload": workload} | layout), 422
+    )
+    assert refused["field"] == field
+    assert "seq_len = 16" in refused["message"] and "learned positions" in refused["message"]
+    rope = learned | {"positions": "rope"}
+    ok = client.post("/v1/cost", json={"arch": rope, "workload": workload} | layout)
+    assert ok.status_code == 200, ok.text
