@@ -1,8 +1,10 @@
 """The dashboard in headless Chromium against the real service (`depthscope serve`, its
 runner, a local Ray): load it with the token, see a bad spec's validation message next to
 its field, submit a tiny job through the page and watch it complete, switch the Pareto
-metrics, sort and filter the trials, open a trial's curve and its costs, cancel a second
-job, price an architecture on the cost page, and see a wrong token's 401 handled. No
+metrics, see the optimum's fits (profiled and raw), sort and filter the trials by state,
+variant and shape, open a trial's curve and its costs, upload a second (multi-fidelity) job
+as a file, see its rungs fill and cancel it, price every variant on the cost page, and see
+a wrong token's 401 handled (no request ever carries the token in its URL). No
 console error or page error (but the HTTP statuses a step provokes on purpose, which the
 browser logs as failed loads). Screenshots in tests/browser/artifacts/."""
 
@@ -36,8 +38,14 @@ JOB: dict[str, Any] = TINY | {
     "sampler": "grid",
     "n_trials": 8,
 }
-#: A job long enough to be cancelled while it runs or waits.
-LONG: dict[str, Any] = TINY | {"name": "browser-long", "n_trials": 40}
+#: A multi-fidelity job (two rungs: a quarter of the budget, then all of it; each rung
+#: retrained, so no artifact store) long enough to be cancelled while it runs: its rungs
+#: are shown as they fill.
+LONG: dict[str, Any] = TINY | {
+    "name": "browser-long",
+    "n_trials": 40,
+    "fidelity": {"rungs": [0.25, 1], "reduction": 2, "reuse": "retrain"},
+}
 
 
 def chart_option(w: Watched, element: str) -> dict[str, Any]:
@@ -72,8 +80,10 @@ def submit_through_the_page(w: Watched, spec: dict[str, Any]) -> str:
     return str(w.page.url).rsplit("/", 1)[-1]
 
 
-def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
+def test_the_dashboard_end_to_end(service: Service, watched: Watched, tmp_path: Path) -> None:
     w, page = watched, watched.page
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
     login(w, service)
     page.wait_for_selector("#jobs-table")
     assert page.locator("#token-panel").is_hidden()
@@ -106,6 +116,9 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     )
     assert service.api("GET", f"/v1/jobs/{job}").json()["status"] == "completed"
     assert page.inner_text("#job-trials").startswith("8/8")
+    assert page.inner_text("#job-runs") == "8/8 (1 seed per setting)"
+    # the compute spent, of the budget (4 × 32 × 16 tokens per trial, 8 trials)
+    assert page.inner_text("#job-compute") == "16.4 k tokens of 16.4 k tokens (100%)"
     page.wait_for_selector("#chart-pareto[data-drawn]")
     w.shot("02-job-completed")
 
@@ -121,10 +134,34 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     switched = chart_option(w, "chart-pareto")
     assert switched["x"].startswith("train_memory_bytes (") and "B)" in switched["x"]
     assert "on the front of" in page.inner_text("#pareto-note")
+    before = drawn(w, "chart-pareto")
+    page.select_option("#pareto-y", "train_flops_per_token")
+    wait_redrawn(w, "chart-pareto", before)
+    both = chart_option(w, "chart-pareto")
+    assert both["x"] == switched["x"] and both["y"].startswith("train_flops_per_token (")
+    assert re.search(r"\((k|M|G)?FLOP\)$", both["y"]), both["y"]
+    assert sum(s["n"] for s in both["series"] if s["name"] != "Pareto front") == 8
     w.shot("03-pareto-switched")
 
     # the optimum's chart, profiled and raw
     page.wait_for_selector("#chart-optimum[data-drawn]")
+    profiled = chart_option(w, "chart-optimum")
+    fits = [s for s in profiled["series"] if s["name"].endswith(" fit")]
+    assert len(fits) == 2 and all(s["n"] > 10 for s in fits), profiled
+    assert all(re.search(r" @ [0-9.]+ k tokens fit$", s["name"]) for s in fits), fits
+    # each fit's optimum line is labelled where another's label cannot cover it
+    labels = page.evaluate(
+        """() => echarts.getInstanceByDom(document.getElementById('chart-optimum'))
+            .getOption().series.filter((s) => s.markLine && s.markLine.data.length)
+            .map((s) => [s.markLine.label.position, s.markLine.label.formatter])"""
+    )
+    assert len({position for position, _ in labels}) == len(labels) == 2, labels
+    assert all(
+        text.startswith(("baseline: optimum", "block_attnres/S=1: optimum")) for _, text in labels
+    )
+    notes = page.inner_text("#optimum-notes")
+    assert "baseline" in notes and "block_attnres" in notes
+    assert re.search(r"\b(ok|at_edge|no_minimum|too_few_shapes)\b", notes)  # each fit's verdict
     before = drawn(w, "chart-optimum")
     page.select_option("#opt-view", "raw")
     wait_redrawn(w, "chart-optimum", before)
@@ -142,6 +179,34 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
             return cells.length === 8 && cells.every((v, i) => i === 0 || cells[i - 1] <= v);
         }"""
     )
+    page.click('#trials th[data-sort="val_loss"]')
+    page.wait_for_selector('#trials th.sorted.desc[data-sort="val_loss"]')
+    page.wait_for_function(
+        """() => {
+            const cells = [...document.querySelectorAll('#trials tbody tr')]
+                .map((r) => Number(r.children[7].textContent));
+            return cells.length === 8 && cells.every((v, i) => i === 0 || cells[i - 1] >= v);
+        }"""
+    )
+    page.select_option("#f-state", "failed")
+    page.wait_for_function(
+        """() => document.querySelectorAll('#trials tbody tr').length === 0
+            && document.getElementById('page-info').textContent === 'no trials'"""
+    )
+    page.select_option("#f-state", "complete")
+    page.wait_for_function("() => document.querySelectorAll('#trials tbody tr').length === 8")
+    page.select_option("#f-state", "")
+    page.fill("#f-dmodel", "32")
+    page.dispatch_event("#f-dmodel", "change")
+    page.wait_for_function(
+        """() => {
+            const rows = [...document.querySelectorAll('#trials tbody tr')];
+            return rows.length === 4 && rows.every((r) => r.children[5].textContent === '32');
+        }"""
+    )
+    page.fill("#f-dmodel", "")
+    page.dispatch_event("#f-dmodel", "change")
+    page.wait_for_function("() => document.querySelectorAll('#trials tbody tr').length === 8")
     page.select_option("#f-variant", "baseline")
     page.wait_for_function(
         """() => {
@@ -188,11 +253,31 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     assert "train_memory_bytes" in costs and re.search(r"\d (B|kB|MB)\b", costs)
     w.shot("04-curve-and-costs")
 
-    # a second job, cancelled from the list
+    # a second job, uploaded as a JSON file: its rungs fill while it runs; cancelled from
+    # the list
     page.goto(service.url + "/#/jobs")
     page.wait_for_selector("#spec-text")
-    second = submit_through_the_page(w, LONG)
+    upload = tmp_path / "long.json"
+    upload.write_text(json.dumps(LONG))
+    page.set_input_files("#spec-file", str(upload))
+    page.wait_for_function("() => document.getElementById('spec-text').value.length > 0")
+    assert json.loads(page.input_value("#spec-text")) == LONG
+    page.click("#spec-submit")
+    page.wait_for_url(re.compile(r".*#/job/[^/]+$"))
+    second = str(page.url).rsplit("/", 1)[-1]
+    page.wait_for_selector("#rungs:not([hidden])")
+    page.wait_for_function(
+        """() => {
+            const rows = [...document.querySelectorAll('#rungs tbody tr')];
+            return rows.length === 2 && rows[0].children[1].textContent === '0.25'
+                && rows[1].children[1].textContent === '1' && rows[0].children[2].textContent >= 1;
+        }""",
+        timeout=180_000,
+    )
+    w.shot("05-rungs")
     page.goto(service.url + "/#/jobs")
+    page.wait_for_selector(f'#jobs-table tr[data-job="{second}"]')
+    assert " · rungs " in page.inner_text(f'#jobs-table tr[data-job="{second}"]')
     cancel = page.locator(f'#jobs-table tr[data-job="{second}"] button.cancel')
     cancel.click()
     page.wait_for_function(
@@ -202,21 +287,53 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     )
     assert service.api("GET", f"/v1/jobs/{second}").json()["status"] == "cancelled"
     assert page.locator(f'#jobs-table tr[data-job="{second}"] button.cancel').count() == 0
-    w.shot("05-cancelled")
+    w.shot("06-cancelled")
 
     # the cost page: every variant side by side, a refused field named next to its input
     page.goto(service.url + "/#/cost")
+    page.wait_for_selector("#cost-variants input")
+    variants = page.evaluate(
+        "() => [...document.querySelectorAll('#cost-variants input')].map((i) => i.value)"
+    )
+    catalogue = service.api("GET", "/v1/catalogue").json()["variants"]
+    assert variants == catalogue and len(catalogue) >= 5
     page.click("#cost-run")
     page.wait_for_selector("#cost-table tbody tr")
+    heads = page.evaluate(
+        "() => [...document.querySelectorAll('#cost-table thead th')].map((h) => h.textContent)"
+    )
+    assert heads == ["per variant", *catalogue]  # every variant side by side, by default
     table = page.inner_text("#cost-table")
-    for words in ("baseline", "block_attnres", "training memory", "pipeline traffic", "GFLOP"):
-        assert words in table
+    for words in (
+        "parameters",
+        "training FLOPs per token",
+        "training memory",
+        "inference memory",
+        "KV cache",
+        "pipeline traffic",
+        "residual I/O per token per sublayer",
+        "M params",
+        "GFLOP",
+        "GB",
+        "kB",
+        "ms",
+    ):
+        assert words in table, words
+    cells = page.evaluate(
+        "() => [...document.querySelectorAll('#cost-table tbody td.num')].map((c) => c.textContent)"
+    )
+    assert len(cells) == len(catalogue) * 16 and "–" not in cells
+    w.shot("07-cost")
     page.fill('[data-field="arch.n_heads"]', "7")
     page.click("#cost-run")
     error = page.locator('.field-error[data-field="arch.n_heads"]').first
     error.wait_for()
     assert "n_heads" in error.inner_text() or "divide" in error.inner_text()
-    w.shot("06-cost")
+    page.locator("#cost-table").wait_for(state="hidden")  # no empty table of refused variants
+    # one message for the variants it refuses alike, not one per variant
+    assert page.locator(".field-error").count() == 1
+    assert error.inner_text().startswith("every variant: ")
+    w.shot("08-cost-refused")
 
     # a wrong token: the 401 is said, and the token asked for again
     w.allow.add(401)
@@ -225,11 +342,12 @@ def test_the_dashboard_end_to_end(service: Service, watched: Watched) -> None:
     page.click("#token-save")
     page.locator("#token-panel").wait_for(state="visible")
     assert "refused" in page.inner_text("#token-message")
-    w.shot("07-wrong-token")
+    w.shot("09-wrong-token")
     page.fill("#token-input", "browser-token")
     page.click("#token-save")
     page.locator("#token-panel").wait_for(state="hidden")
     page.wait_for_selector("#cost-run")
+    assert len(urls) > 20 and not [u for u in urls if "browser-token" in u or "wrong-token" in u]
 
 
 def test_optuna_dashboard_reads_a_finished_jobs_study(service: Service, tmp_path: Path) -> None:

@@ -133,9 +133,16 @@ function progressText(job) {
   return text;
 }
 
+/** The compute spent, of the job's budget: "1.2 PFLOP of 4 PFLOP (30%)". */
 function computeText(job) {
   const c = job.compute;
-  return `${(100 * c.fraction).toFixed(0)}% of ${compute(c.budget, c.kind)}`;
+  return `${compute(c.spent, c.kind)} of ${compute(c.budget, c.kind)} (${(100 * c.fraction).toFixed(0)}%)`;
+}
+
+/** Training runs (settings × seeds of each trial) done, of the job's, and its seeds. */
+function runsText(job) {
+  const seeds = job.spec.seeds || 1;
+  return `${job.progress.runs_done}/${job.progress.runs_total} (${seeds} seed${seeds === 1 ? "" : "s"} per setting)`;
 }
 
 const ACTIVE = new Set(["pending", "running"]);
@@ -264,7 +271,7 @@ function jobView(id) {
     status.textContent = job.status;
     status.className = `status ${job.status}`;
     $("#job-trials").textContent = `${job.progress.counted}/${job.n_trials} (${job.progress.completed} complete, ${job.progress.running} running, ${job.progress.pruned} pruned, ${job.progress.failed} failed)`;
-    $("#job-runs").textContent = `${job.progress.runs_done}/${job.progress.runs_total}`;
+    $("#job-runs").textContent = runsText(job);
     $("#job-compute").textContent = computeText(job);
     $("#job-eta").textContent = ACTIVE.has(job.status) ? duration(job.eta_s) : "–";
     $("#job-cancel").hidden = !ACTIVE.has(job.status);
@@ -410,7 +417,10 @@ function jobView(id) {
     if (state.job.progress.completed > 0) {
       try {
         const answer = await api(`${base}/optimum${query({ profile })}`);
-        fits = answer.fits.map((f) => ({ ...f, label: fitLabel(f, cols) }));
+        const kind = state.job.compute.kind;
+        fits = answer.fits.map((f) => ({
+          ...f, label: fitLabel(f, cols), budgetText: f.budget ? compute(f.budget, kind) : null,
+        }));
         notes.replaceChildren(...answer.fits.map((f) => el("li", {},
           el("b", {}, f.variant), `: ${f.verdict}`,
           f.optimum_ratio ? `, optimum d/L ${fixed(f.optimum_ratio)}` : "",
@@ -564,7 +574,7 @@ function costView() {
   const box = $("#cost-variants");
   for (const v of catalogue.variants) {
     const input = el("input", { type: "checkbox", value: v, dataset: { variant: v } });
-    input.checked = ["baseline", "full_attnres", "block_attnres", "mhc_lite", "denseformer"].includes(v);
+    input.checked = true; // every variant side by side; untick to narrow
     box.append(el("label", {}, v, input));
   }
   $("#cost-form").addEventListener("submit", (event) => {
@@ -590,16 +600,29 @@ function costView() {
     $("#cost-error").hidden = true;
   }
 
-  function fieldError(variant, exc) {
-    const input = exc.field ? document.querySelector(`#cost-form [data-field="${CSS.escape(exc.field)}"]`) : null;
-    const message = `${variant}: ${exc.message}`;
-    if (input) {
-      input.classList.add("invalid");
-      input.closest("label").after(el("span", { class: "field-error", dataset: { field: exc.field } }, message));
-    } else {
-      $("#cost-error").hidden = false;
-      $("#cost-error").textContent = `${exc.field || "request"}: ${message}`;
+  /** Each refusal once, next to the input it names (or below the form), with the variants
+   * it refuses: "every variant: …" when all the chosen ones were refused alike. */
+  function showRefusals(refusals, chosen) {
+    const groups = new Map();
+    for (const [variant, exc] of refusals) {
+      const key = JSON.stringify([exc.field, exc.message]);
+      if (!groups.has(key)) groups.set(key, { field: exc.field, message: exc.message, variants: [] });
+      groups.get(key).variants.push(variant);
     }
+    const general = [];
+    for (const { field, message, variants } of groups.values()) {
+      const who = variants.length === chosen.length && chosen.length > 1 ? "every variant" : variants.join(", ");
+      const text = `${who}: ${message}`;
+      const input = field ? document.querySelector(`#cost-form [data-field="${CSS.escape(field)}"]`) : null;
+      if (input) {
+        input.classList.add("invalid");
+        input.closest("label").after(el("span", { class: "field-error", dataset: { field } }, text));
+      } else {
+        general.push(`${field || "request"}: ${text}`);
+      }
+    }
+    $("#cost-error").hidden = general.length === 0;
+    $("#cost-error").textContent = general.join("; ");
   }
 
   async function price() {
@@ -607,6 +630,7 @@ function costView() {
     const request = read();
     const chosen = [...document.querySelectorAll("#cost-variants input:checked")].map((i) => i.value);
     const results = [];
+    const refusals = [];
     for (const variant of chosen) {
       const arch = { ...request.arch, variant };
       if (variant !== "block_attnres") delete arch.block_size;
@@ -615,10 +639,12 @@ function costView() {
         results.push([variant, await api("/v1/cost", { method: "POST", body: { ...request, arch } })]);
       } catch (exc) {
         if (!(exc instanceof ApiError) || exc.status === 401) throw exc;
-        fieldError(variant, exc);
+        refusals.push([variant, exc]);
       }
     }
+    showRefusals(refusals, chosen);
     const table = $("#cost-table");
+    table.hidden = results.length === 0; // every variant refused: the messages say why
     $("thead", table).replaceChildren(el("tr", {}, el("th", {}, "per variant"), ...results.map(([v]) => el("th", { class: "num" }, v))));
     $("tbody", table).replaceChildren(...COST_ROWS.map(([name, get, unit]) => el("tr", {},
       el("td", {}, name),

@@ -118,8 +118,11 @@ export function drawOptimum(el, groups, fits) {
     series.push({ name: variant, type: "scatter", data, symbolSize: 6, large: data.length > 2000,
       itemStyle: { color: colour(variant), opacity: 0.7 } });
   }
-  for (const fit of fits) {
-    const name = fit.budget ? `${fit.label} @ ${fixed(fit.budget)}` : fit.label;
+  // each optimum's label at its own place along its line (two optima close together
+  // would print one label over the other at the line's end)
+  const PLACES = ["insideEndTop", "insideStartTop", "insideMiddleTop", "insideEndBottom", "insideStartBottom"];
+  fits.forEach((fit, i) => {
+    const name = fit.budgetText ? `${fit.label} @ ${fit.budgetText}` : fit.label;
     const c = colour(fit.label);
     if (fit.coefficients.length === 3 && fit.explored) {
       const [a, b, k] = fit.coefficients;
@@ -133,7 +136,7 @@ export function drawOptimum(el, groups, fits) {
       const marks = {};
       if (fit.optimum_ratio) {
         marks.markLine = { symbol: "none", silent: true, lineStyle: { color: c, type: "dashed" },
-          label: { formatter: `optimum ${fixed(fit.optimum_ratio)}` },
+          label: { formatter: `${fit.label}: optimum ${fixed(fit.optimum_ratio)}`, position: PLACES[i % PLACES.length], color: c },
           data: [{ xAxis: fit.optimum_ratio }] };
       }
       if (fit.ci_low && fit.ci_high) {
@@ -143,7 +146,7 @@ export function drawOptimum(el, groups, fits) {
       series.push({ name: `${name} fit`, type: "line", data: curve, symbol: "none", smooth: true,
         lineStyle: { color: c, width: 2 }, itemStyle: { color: c }, ...marks });
     }
-  }
+  });
   const chart = chartOf(el);
   chart.setOption(baseOption("d_model / L_b (log scale)", "validation loss (nats)", {
     xAxis: { type: "log", name: "d_model / L_b (log scale)", nameLocation: "middle", nameGap: 30 },
