@@ -44,7 +44,7 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.backend import Backend
@@ -72,7 +72,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
-from nas_service.study_cache import set_user_attrs
+from nas_service.study_cache import set_user_attrs, tell
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore
 
@@ -196,7 +196,7 @@ def conclude(
         if reason:
             written[ATTR_REASON] = reason
         set_user_attrs(study, trial, written)
-        study.tell(trial if isinstance(trial, optuna.Trial) else trial.number, values, state=state)
+        tell(study, trial if isinstance(trial, optuna.Trial) else trial.number, values, state)
     except optuna.exceptions.UpdateFinishedTrialError as exc:
         log.info("trial %d was concluded already: %s", trial.number, exc)
     except ValueError as exc:
@@ -223,12 +223,11 @@ class TrialOutcomes:
             return run.id
 
     def _update_run(self, run_id: int, number: int, params: dict[str, Any] | None = None) -> None:
-        with self.Session.begin() as s:
-            run = s.get(TrialRun, run_id)
-            if run is not None:
-                run.trial_number = number
-                if params is not None:
-                    run.params = params
+        changes: dict[str, Any] = {"trial_number": number}
+        if params is not None:
+            changes["params"] = params
+        with self.Session.begin() as s:  # one UPDATE (no read of the row first)
+            s.execute(update(TrialRun).where(TrialRun.id == run_id).values(**changes))
 
     def _drop_run(self, run_id: int) -> None:
         with self.Session.begin() as s:
@@ -274,11 +273,13 @@ class TrialOutcomes:
         conclude(study, trial, outcome, reason, state, values, attrs)
 
     def _close_run(self, run_id: int, state: RunState, reason: str) -> None:
+        """The run's row closed with `state`, if it is still open (one UPDATE)."""
         with self.Session.begin() as s:
-            run = s.get(TrialRun, run_id)
-            if run is not None and run.state == RunState.RUNNING:
-                run.state, run.reason = state, reason
-                run.finished_at = dt.datetime.now(dt.UTC)
+            s.execute(
+                update(TrialRun)
+                .where(TrialRun.id == run_id, TrialRun.state == RunState.RUNNING)
+                .values(state=state, reason=reason, finished_at=dt.datetime.now(dt.UTC))
+            )
 
     def _touch_run(
         self, job_id: str, number: int, reason: str, state: RunState = RunState.PRUNED

@@ -61,15 +61,13 @@ def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
         return [j for j in jobs if j.spec.get("cluster") == cluster]
 
 
-def _progress_since(s: Session, started: dt.datetime | None) -> bool:
-    """Whether a trial finished (any job's) after `started`: a run row closed since, not lost,
-    that is its trial's last row. A trial trains several runs, each with its row, and only
-    the last one ends it; the rows of runs closed on the way ("run i of n") are followed by
-    the next run's row, so those of a trial still in flight, or lost with the runner, are not
-    progress: a candidate that stops the runner in its n-th run stays suspect."""
-    if started is None:
-        return True  # unknown: do not count it against the candidate
-    when = started.astimezone(dt.UTC) if started.tzinfo is None else started
+def last_progress(s: Session) -> dt.datetime | None:
+    """When a trial (any job's) last finished: the latest `finished_at` of a run row, not
+    lost, that is its trial's last row. A trial trains several runs, each with its row, and
+    only the last one ends it; the rows of runs closed on the way ("run i of n") are followed
+    by the next run's row, so those of a trial still in flight, or lost with the runner, are
+    not progress: a candidate that stops the runner in its n-th run stays suspect. One query
+    for a whole recovery (`progress_since` compares each left trial's start with it)."""
     later = aliased(TrialRun)
     superseded = (
         select(later.id)
@@ -80,12 +78,25 @@ def _progress_since(s: Session, started: dt.datetime | None) -> bool:
         )
         .exists()
     )
-    finished = s.scalar(
-        select(func.count())
-        .select_from(TrialRun)
-        .where(TrialRun.state != RunState.LOST, TrialRun.finished_at > when, ~superseded)
+    last = s.scalar(
+        select(func.max(TrialRun.finished_at)).where(
+            TrialRun.state != RunState.LOST, TrialRun.finished_at.is_not(None), ~superseded
+        )
     )
-    return bool(finished)
+    return _stored(last) if last is not None else None
+
+
+def _stored(when: dt.datetime) -> dt.datetime:
+    """A time the service stored (UTC; SQLite gives it back without its zone)."""
+    return when.replace(tzinfo=dt.UTC) if when.tzinfo is None else when
+
+
+def progress_since(last: dt.datetime | None, started: dt.datetime | None) -> bool:
+    """Whether a trial finished after `started` (aware, or naive local time as Optuna
+    records a trial's start), given `last_progress`."""
+    if started is None:
+        return True  # unknown: do not count it against the candidate
+    return last is not None and last > started.astimezone(dt.UTC)
 
 
 def recover_job(
@@ -100,13 +111,14 @@ def recover_job(
     requeued, poisoned = 0, []
     if job.status == JobStatus.RUNNING:
         retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in study.get_trials(deepcopy=False)}
+        with sessions() as s:
+            last = last_progress(s) if left else None
         for t in [t for t in left if records(t)]:  # multi-fidelity: back to its last rung
-            if _resume(study, t, sessions, job.id, max_suspect):
+            if _resume(study, t, sessions, job.id, max_suspect, last):
                 poisoned.append(t.number)
         left = [t for t in left if not records(t)]
         for t in left:
-            with sessions() as s:
-                suspect = 0 if _progress_since(s, t.datetime_start) else _suspect(t) + 1
+            suspect = 0 if progress_since(last, t.datetime_start) else _suspect(t) + 1
             if suspect >= max_suspect:
                 reason = (
                     f"poisoned: the runner stopped {suspect} times in a row while this "
@@ -179,13 +191,14 @@ def _resume(
     sessions: sessionmaker[Session],
     job_id: str,
     max_suspect: int,
+    progressed: dt.datetime | None,
 ) -> bool:
     """A multi-fidelity trial left running with rungs done (`nas_service.rungs`): one that
     was training a rung when the runner stopped waits again at the last rung it finished (its
     runs of the lost rung dropped from `train`), so the promotion rule promotes it again and
     it resumes from that rung's checkpoints; one waiting already stays as it is. A trial the
-    runner stopped in `max_suspect` times in a row, with no other trial finishing in between,
-    is failed as poisoned (True)."""
+    runner stopped in `max_suspect` times in a row, with no other trial finishing in between
+    (`progressed`: `last_progress`), is failed as poisoned (True)."""
     recs = records(t)
     last = recs[-1]
     waiting = t.user_attrs.get(ATTR_WAITING) == last.get("rung") and not last.get("promoted")
@@ -199,7 +212,8 @@ def _resume(
         )
         if waiting and started is None:
             return False
-        suspect = 0 if _progress_since(s, started) else _suspect(t) + 1
+    started = _stored(started) if started is not None else None
+    suspect = 0 if progress_since(progressed, started) else _suspect(t) + 1
     if suspect >= max_suspect:
         reason = (
             f"poisoned: the runner stopped {suspect} times in a row while this "

@@ -44,6 +44,7 @@ from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
+from optuna.study._tell import _tell_with_warning
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.dialects import postgresql, sqlite
 
@@ -356,8 +357,11 @@ class OwnedTrials(_CachedStorage):
 
     def _read_trials_from_remote_storage(self, study_id: int) -> None:
         """The first read of a study reads every trial (as Optuna does); later reads only
-        the unfinished trials this storage wrote since, and the trials newer than any read.
-        Pending parameters are written first (the database's copies must have them)."""
+        the unfinished trials this storage wrote since (with any trial newer than its newest,
+        in the same query), and none at all when it wrote none: the runner's storage is the
+        only one that creates its studies' trials (`ask`, and recovery's `enqueue_trial`),
+        and it knows each trial it created. Pending parameters are written first (the
+        database's copies must have them)."""
         self._flush_all()
         with self._lock:
             first = study_id not in self._loaded
@@ -372,6 +376,8 @@ class OwnedTrials(_CachedStorage):
         with self._lock:
             study = self._studies[study_id]
             written = study.unfinished_trial_ids & self._written
+            if not written:  # only this storage creates trials: nothing newer exists
+                return
             newest = self._newest.get(study_id, -1)
             trials = self._backend._get_trials(
                 study_id, states=None, included_trial_ids=written, trial_id_greater_than=newest
@@ -406,3 +412,17 @@ def set_user_attrs(
             trial.set_user_attr(key, value)
         else:  # a trial of a stopped runner, read back from the storage
             storage.set_trial_user_attr(trial._trial_id, key, value)
+
+
+def tell(
+    study: optuna.Study,
+    trial: optuna.Trial | int,
+    values: Sequence[float] | None = None,
+    state: TrialState | None = None,
+) -> None:
+    """`Study.tell` without its answer. `tell` returns a copy of the trial read back after
+    its state changed, which on the runner's storage is a read of the whole trial from the
+    database (six statements: the state change marks it for a re-read, which the loop's next
+    read of the study makes for every trial told since, in one query); the runner never
+    uses that copy. The same checks, sampler hook and write as `tell`."""
+    _tell_with_warning(study, trial, values, state)
