@@ -108,6 +108,16 @@ class Parallelism:
         return min(v * microbatches, (v - 1) * p + 2 * (p - stage - 1) + 1)
 
 
+def distinct_stages(pipeline: int) -> list[int]:
+    """The pipeline stages whose costs can differ, in order: the first (it holds the
+    embedding), the second and the last (the final norm and the head). Stages 1 to P − 2 hold
+    the same blocks, parameters, FLOPs and per-micro-batch activations, and under 1F1B no
+    more chunks in flight than stage 1 (`Parallelism.in_flight_chunks` does not grow with the
+    stage), so stage 1 is the most loaded of them (the first on a tie): the largest over
+    these stages is the largest over all P, and the same stage."""
+    return sorted({0, min(1, pipeline - 1), pipeline - 1})
+
+
 def check_positions(cfg: _Derived, field: str, length: Any) -> None:
     """Refuse a sequence longer than the architecture's learned position table.
 

@@ -157,7 +157,7 @@ def stage_training_flops_per_token(
     fwd = forward_flops_per_token(cfg, attended)
     head = (1 + BACKWARD_FACTOR) * fwd.lm_head_flops
     body = training_flops_per_token(cfg, attended, recompute=recompute) - head
-    stages = [body / (pipeline * tensor) for _ in range(pipeline)]
+    stages = [body / (pipeline * tensor)] * pipeline  # one shared (never mutated) value
     stages[-1] = stages[-1] + head / tensor
     return stages
 

@@ -18,7 +18,13 @@ from typing import Any
 import numpy as np
 
 from cost_model._config import _Derived
-from cost_model._workload import Parallelism, Workload, check_positions, most_loaded
+from cost_model._workload import (
+    Parallelism,
+    Workload,
+    check_positions,
+    distinct_stages,
+    most_loaded,
+)
 from cost_model.depth import cached_sources, live_sources
 from cost_model.params import norm_params, param_count
 from cost_model.residuals import residual_of
@@ -253,7 +259,8 @@ def stage_param_counts(cfg: _Derived, parallel: Parallelism | None = None) -> li
     if p == 1:
         untied = 0 * head if cfg.tie_embeddings else head
         return [per_stage + embedding + final + untied]
-    stages = [per_stage + 0 * embedding for _ in range(p)]
+    middle = per_stage + 0 * embedding  # stages 1 to P − 2, one shared (never mutated) value
+    stages = [middle] * p
     stages[0] = stages[0] + embedding
     stages[-1] = stages[-1] + final + head
     return stages
@@ -299,30 +306,26 @@ def microbatch_activation_bytes_by_stage(
 ) -> list[Any]:
     """Activation bytes each pipeline stage saves for one micro-batch (its V chunks, L_b/P
     blocks, the embedding's on stage 0 and the head's on the last), stage 0 first: what a
-    micro-batch writes once and reads once per stage."""
+    micro-batch writes once and reads once per stage. Stages 1 to P − 2 share one value."""
     workload = workload or Workload()
     parallel = parallel or Parallelism()
     settings = settings or ActivationSettings()
-    return [
-        _stage_activations(cfg, workload, parallel, settings, stage, parallel.virtual)[0]
-        for stage in range(parallel.pipeline)
-    ]
+    p = parallel.pipeline
+    by_stage = {
+        stage: _stage_activations(cfg, workload, parallel, settings, stage, parallel.virtual)[0]
+        for stage in distinct_stages(p)
+    }
+    return [by_stage[stage if stage in by_stage else 1] for stage in range(p)]
 
 
-def training_memory_by_stage(
+def _stages_memory(
     cfg: _Derived,
-    workload: Workload | None = None,
-    parallel: Parallelism | None = None,
-    settings: ActivationSettings | None = None,
+    workload: Workload | None,
+    parallel: Parallelism | None,
+    settings: ActivationSettings | None,
+    stages: list[int] | None,
 ) -> list[TrainingMemory]:
-    """Peak training memory of one device of every pipeline stage, stage 0 first.
-
-    Weights, gradients and optimizer state: 4 + 4 + 8 B per parameter the stage holds
-    (`stage_param_counts`). Activations: the stage's in-flight chunks under 1F1B
-    (`Parallelism.in_flight_chunks`) of `block_activations`, the residual wiring's saved
-    tensors, the embedding's (stage 0) and the head's (last stage). With V = 1 and m ≥ P,
-    stage 0 holds P micro-batches of L_b/P blocks: L_b blocks' worth (Korthikanti et al.
-    §4.2.3)."""
+    """`TrainingMemory` of the pipeline stages `stages` (None: every stage), in that order."""
     workload = workload or Workload()
     parallel = parallel or Parallelism()
     settings = settings or ActivationSettings()
@@ -330,8 +333,10 @@ def training_memory_by_stage(
     check_positions(cfg, "seq_len", s)
     e = settings.act_bytes or cfg.dtype_bytes
     live = e * live_sources(cfg) * cfg.d_model * s * workload.micro_batch
+    counts = stage_param_counts(cfg, parallel)
     out = []
-    for stage, params in enumerate(stage_param_counts(cfg, parallel)):
+    for stage in range(parallel.pipeline) if stages is None else stages:
+        params = counts[stage]
         chunks = parallel.in_flight_chunks(stage, workload.microbatches)
         activations, mixing = _stage_activations(cfg, workload, parallel, settings, stage, chunks)
         out.append(
@@ -348,6 +353,23 @@ def training_memory_by_stage(
     return out
 
 
+def training_memory_by_stage(
+    cfg: _Derived,
+    workload: Workload | None = None,
+    parallel: Parallelism | None = None,
+    settings: ActivationSettings | None = None,
+) -> list[TrainingMemory]:
+    """Peak training memory of one device of every pipeline stage, stage 0 first.
+
+    Weights, gradients and optimizer state: 4 + 4 + 8 B per parameter the stage holds
+    (`stage_param_counts`). Activations: the stage's in-flight chunks under 1F1B
+    (`Parallelism.in_flight_chunks`) of `block_activations`, the residual wiring's saved
+    tensors, the embedding's (stage 0) and the head's (last stage). With V = 1 and m ≥ P,
+    stage 0 holds P micro-batches of L_b/P blocks: L_b blocks' worth (Korthikanti et al.
+    §4.2.3)."""
+    return _stages_memory(cfg, workload, parallel, settings, None)
+
+
 def training_memory(
     cfg: _Derived,
     workload: Workload | None = None,
@@ -355,12 +377,15 @@ def training_memory(
     settings: ActivationSettings | None = None,
 ) -> TrainingMemory:
     """Peak memory of one device training with AdamW: that of the most loaded pipeline stage
-    (`training_memory_by_stage`, the stage with the largest total; `stage` says which).
+    (`training_memory_by_stage`, the stage with the largest total; `stage` says which), found
+    among the stages that can be it (`_workload.distinct_stages`: the first, the second and
+    the last).
 
     Without pipelining: 16 B per parameter over the tensor ranks' shards, L_b blocks of
     `block_activations`, the residual wiring's saved tensors, the embedding's and the head's.
     """
-    stages = training_memory_by_stage(cfg, workload, parallel, settings)
+    p = (parallel or Parallelism()).pipeline
+    stages = _stages_memory(cfg, workload, parallel, settings, distinct_stages(p))
     return most_loaded(stages, lambda m: m.total_bytes)
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from cost_model._config import _Derived
-from cost_model._workload import Parallelism, Workload, check_positions, most_loaded
+from cost_model._workload import (
+    Parallelism,
+    Workload,
+    check_positions,
+    distinct_stages,
+    most_loaded,
+)
 from cost_model.comm import (
     allreduce_bytes,
     data_parallel_bytes_per_step,
@@ -69,7 +75,7 @@ def train_step_time(
         + pp.cached_bytes_per_step / parallel.pipeline
     )
     stages = []
-    for stage in range(parallel.pipeline):
+    for stage in distinct_stages(parallel.pipeline):  # stages 1 to P − 2 cost the same
         weight_traffic = params[stage] * (
             workload.microbatches * (WEIGHT_READS_PER_MICROBATCH * e + GRADIENT_TRAFFIC_BYTES)
             + OPTIMIZER_TRAFFIC_BYTES
@@ -112,8 +118,10 @@ def decode_token_time(
     io_traffic = residual_io(cfg).bytes * cfg.n_sublayers / p * batch
     message = batch * cfg.d_model * cfg.dtype_bytes
     comm: Any = 2 * cfg.n_layers / p * allreduce_bytes(message, t)
+    counts = stage_param_counts(cfg, parallel)
     stages = []
-    for stage, params in enumerate(stage_param_counts(cfg, parallel)):
+    for stage in distinct_stages(p):  # stages 1 to P − 2 cost the same
+        params = counts[stage]
         flops = body + (fwd.lm_head_flops / t if stage == p - 1 else 0)
         weights = params * cfg.dtype_bytes
         stages.append(

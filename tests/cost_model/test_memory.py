@@ -135,3 +135,71 @@ def test_kv_cache() -> None:
     # Llama-style GQA: 2 · 32 layers · 1024 · 2 bytes = 128 KiB per token
     assert kv_cache_bytes(cfg, 1) == 128 * 1024
     assert kv_cache_bytes(cfg, 4096, batch=2, shards=4) == 128 * 1024 * 4096 * 2 / 4
+
+
+# -- the most loaded stage among all P ------------------------------------------------------------
+STAGED = [
+    ArchConfig(n_layers=24, d_model=128, n_heads=4, vocab_size=5000),
+    ArchConfig(n_layers=24, d_model=128, n_heads=4, tie_embeddings=False, vocab_size=64),
+    ArchConfig(n_layers=24, d_model=64, n_heads=4, variant="full_attnres"),
+    ArchConfig(n_layers=24, d_model=64, n_heads=4, variant="block_attnres", block_size=4),
+    ArchConfig(n_layers=24, d_model=64, n_heads=4, variant="mhc_lite"),
+    ArchConfig(n_layers=24, d_model=64, n_heads=4, variant="denseformer"),
+]
+LAYOUTS = [(p, v, m) for p in (1, 2, 3, 4, 6, 8) for v in (1, 2, 3) for m in (1, 2, 5, 12)]
+
+
+@pytest.mark.parametrize("cfg", STAGED, ids=lambda c: f"{c.variant}-tied{c.tie_embeddings}")
+def test_the_most_loaded_stage_is_the_largest_of_all_stages(
+    cfg: ArchConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`training_memory` and the step times look at the first, second and last stages only
+    (`distinct_stages`): the figures equal those of every stage priced (the first on a tie,
+    the same stage index), for scalars and a grid."""
+    import numpy as np
+
+    from cost_model import ArchGrid, get_hardware
+    from cost_model import memory as memory_module
+    from cost_model import timing as timing_module
+    from cost_model.memory import training_memory_by_stage
+
+    hw = get_hardware("h100")
+    grid = ArchGrid.build(cfg, d_model=np.array([64, 128, 256]), n_heads=np.array([4, 4, 8]))
+    cases = []
+    for p, v, m in LAYOUTS:
+        if v > 1 and p == 1:
+            continue
+        for recompute in ("none", "full"):
+            par = Parallelism(tensor=2, pipeline=p, virtual=v, data=2)
+            wl = Workload(micro_batch=2, seq_len=64, microbatches=m, recompute=recompute)
+            for arch in (cfg, grid):
+                mem = training_memory(arch, wl, par)
+                every = training_memory_by_stage(arch, wl, par)
+                assert len(every) == p
+                totals = np.stack([np.asarray(s.total_bytes, dtype=float) for s in every])
+                np.testing.assert_array_equal(mem.total_bytes, totals.max(axis=0))
+                np.testing.assert_array_equal(mem.stage, totals.argmax(axis=0))
+                cases.append(
+                    (
+                        arch,
+                        wl,
+                        par,
+                        mem.as_dict(),
+                        timing_module.train_step_time(arch, wl, par, hw).as_dict(),
+                        timing_module.decode_token_time(arch, wl, par, hw).as_dict(),
+                    )
+                )
+    monkeypatch.setattr(timing_module, "distinct_stages", lambda p: list(range(p)))
+    monkeypatch.setattr(memory_module, "distinct_stages", lambda p: list(range(p)))
+    for arch, wl, par, mem_figures, step, decode in cases:
+        every_mem = training_memory(arch, wl, par).as_dict()
+        every_step = timing_module.train_step_time(arch, wl, par, hw).as_dict()
+        every_decode = timing_module.decode_token_time(arch, wl, par, hw).as_dict()
+        for figures, reference in (
+            (mem_figures, every_mem),
+            (step, every_step),
+            (decode, every_decode),
+        ):
+            assert figures.keys() == reference.keys()
+            for key in figures:
+                np.testing.assert_array_equal(figures[key], reference[key], err_msg=key)
