@@ -34,16 +34,17 @@ CHROMIUM = "/usr/bin/chromium"
 
 
 def stored_job(base: str, db_url: str, trials: int, token: str | None = None) -> str:
-    """bench/service.py's job, submitted, cancelled (nothing trains it) and given `trials`
-    synthetic trials through Optuna's storage. Returns its id."""
+    """bench/service.py's job of `trials` trials, submitted, cancelled (nothing trains it)
+    and given `trials` synthetic trials through Optuna's storage. Returns its id."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    spec = bench_service.SPEC | {"n_trials": trials}
     with httpx.Client(base_url=base, headers=headers, timeout=120) as c:
-        r = c.post("/v1/jobs", json=bench_service.SPEC)
+        r = c.post("/v1/jobs", json=spec)
         assert r.status_code == 201, r.text
         job = r.json()
         c.post(f"/v1/jobs/{job['id']}/cancel").raise_for_status()
     study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(db_url))
-    study.add_trials(bench_service.synthetic_trials(parse_spec(bench_service.SPEC), trials))
+    study.add_trials(bench_service.synthetic_trials(parse_spec(spec), trials))
     return str(job["id"])
 
 

@@ -118,25 +118,26 @@ export function drawOptimum(el, groups, fits) {
     series.push({ name: variant, type: "scatter", data, symbolSize: 6, large: data.length > 2000,
       itemStyle: { color: colour(variant), opacity: 0.7 } });
   }
-  // each optimum's label at its own place along its line (two optima close together
-  // would print one label over the other at the line's end)
-  const PLACES = ["insideEndTop", "insideStartTop", "insideMiddleTop", "insideEndBottom", "insideStartBottom"];
-  fits.forEach((fit, i) => {
+  // each optimum's label above the plot, one row per labelled optimum, so that optima close
+  // together (or equal) never print one label over another
+  let row = 0;
+  for (const fit of fits) {
     const name = fit.budgetText ? `${fit.label} @ ${fit.budgetText}` : fit.label;
     const c = colour(fit.label);
     if (fit.coefficients.length === 3 && fit.explored) {
       const [a, b, k] = fit.coefficients;
       const [lo, hi] = fit.explored;
       const curve = [];
-      for (let i = 0; i <= 60; i++) {
-        const r = Math.exp(Math.log(lo) + ((Math.log(hi) - Math.log(lo)) * i) / 60);
+      for (let j = 0; j <= 60; j++) {
+        const r = Math.exp(Math.log(lo) + ((Math.log(hi) - Math.log(lo)) * j) / 60);
         const u = Math.log(r);
         curve.push([r, a * u * u + b * u + k]);
       }
       const marks = {};
       if (fit.optimum_ratio) {
         marks.markLine = { symbol: "none", silent: true, lineStyle: { color: c, type: "dashed" },
-          label: { formatter: `${fit.label}: optimum ${fixed(fit.optimum_ratio)}`, position: PLACES[i % PLACES.length], color: c },
+          label: { formatter: `${fit.label}: optimum ${fixed(fit.optimum_ratio)}`, position: "end",
+            distance: [0, LABEL_GAP + LABEL_ROW * row++], color: c, fontSize: 12 },
           data: [{ xAxis: fit.optimum_ratio }] };
       }
       if (fit.ci_low && fit.ci_high) {
@@ -146,15 +147,43 @@ export function drawOptimum(el, groups, fits) {
       series.push({ name: `${name} fit`, type: "line", data: curve, symbol: "none", smooth: true,
         lineStyle: { color: c, width: 2 }, itemStyle: { color: c }, ...marks });
     }
-  });
+  }
   const chart = chartOf(el);
+  const base = baseOption("d_model / L_b (log scale)", "validation loss (nats)");
   chart.setOption(baseOption("d_model / L_b (log scale)", "validation loss (nats)", {
+    grid: { ...base.grid, top: base.grid.top + LABEL_ROW * row },
     xAxis: { type: "log", name: "d_model / L_b (log scale)", nameLocation: "middle", nameGap: 30 },
     tooltip: { trigger: "item", confine: true,
       formatter: (p) => `${p.seriesName}<br>d/L ${fixed(p.data[0])}, loss ${fixed(p.data[1])}`
         + (p.data[2] !== undefined ? `<br>trial ${p.data[2]}` : "") },
     series,
   }), true);
+  keepLabelsInside(chart, series);
+}
+
+/** Rows of the optimum labels above the plot: the gap to the plot, and each row's height. */
+const LABEL_GAP = 4;
+const LABEL_ROW = 16;
+let measure = null;
+
+/** An optimum's label is centred on its line; one near the chart's side is aligned to its
+ * line instead (left of it, or right), so that all of it stays in the chart. */
+function keepLabelsInside(chart, series) {
+  measure = measure || document.createElement("canvas").getContext("2d");
+  measure.font = "12px sans-serif";
+  const width = chart.getWidth();
+  let moved = false;
+  const updates = series.map((s) => {
+    if (!s.markLine) return {};
+    const x = chart.convertToPixel({ xAxisIndex: 0 }, s.markLine.data[0].xAxis);
+    const half = measure.measureText(s.markLine.label.formatter).width / 2;
+    let align = "center";
+    if (x - half < 2) align = "left";
+    else if (x + half > width - 2) align = "right";
+    moved = moved || align !== "center";
+    return { markLine: { label: { align } } };
+  });
+  if (moved) chart.setOption({ series: updates });
 }
 
 /** Per variant, the mean paired loss difference against the reference at each depth, and

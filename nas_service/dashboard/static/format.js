@@ -37,11 +37,15 @@ export function fixed(x, digits) {
   return Number(x.toPrecision(digits || (a < 10 ? 4 : 3))).toString();
 }
 
+/** A duration to the second below an hour, to the minute above: rounded once, so that
+ * 119.6 s reads "2 min 0 s", never "1 min 60 s". */
 export function duration(seconds) {
   if (seconds === null || seconds === undefined) return "–";
-  if (seconds < 60) return `${seconds.toFixed(0)} s`;
-  if (seconds < 3600) return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
-  return `${Math.floor(seconds / 3600)} h ${Math.round((seconds % 3600) / 60)} min`;
+  const s = Math.round(seconds);
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  const m = Math.round(seconds / 60);
+  return `${Math.floor(m / 60)} h ${m % 60} min`;
 }
 
 /** A compute budget: FLOPs or tokens. */
