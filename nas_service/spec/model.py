@@ -842,6 +842,26 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _positions(self) -> JobSpec:
+        """Learned positions hold `training.seq_len` of them (the architecture's table): a
+        cost workload over a longer sequence or decode context could price no candidate."""
+        if self.space.arch.positions != "learned":
+            return self
+        limit = self.training.seq_len
+        errors: list[tuple[tuple[str | int, ...], str]] = [
+            (
+                ("cost", name),
+                f"{value} tokens: learned positions cover only training.seq_len = {limit} "
+                f"tokens; use positions: rope, or at most {limit}",
+            )
+            for name in ("seq_len", "decode_context")
+            if (value := getattr(self.cost, name)) is not None and value > limit
+        ]
+        if errors:
+            _refuse(errors)
+        return self
+
+    @model_validator(mode="after")
     def _training_axes(self) -> JobSpec:
         """A training axis is searched one way (jointly in `training`, or per shape in
         `tune`); the grid sampler needs choices; `depth_lr_mult` only with a variant that has

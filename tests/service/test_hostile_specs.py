@@ -380,6 +380,19 @@ FIDELITY_PARSE_CASES = [
         "Extra inputs are not permitted",
     ),
     ("decay-frac-1", with_(("training.decay_frac", 1)), "training.decay_frac", "less than 1"),
+    # learned positions hold training.seq_len positions: no longer sequence can be priced
+    (
+        "decode-context-past-learned-positions",
+        with_(("space.arch", {"positions": "learned"}), ("cost.decode_context", 65)),
+        "cost.decode_context",
+        "learned positions cover only training.seq_len = 64",
+    ),
+    (
+        "cost-seq-len-past-learned-positions",
+        with_(("space.arch", {"positions": "learned"}), ("cost.seq_len", 128)),
+        "cost.seq_len",
+        "learned positions cover only training.seq_len = 64",
+    ),
     (
         "decay-frac-bool",
         with_(("training.decay_frac", True)),
