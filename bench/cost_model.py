@@ -9,8 +9,16 @@ vectorised search (`search_layout_grid`, the whole grid through each layout) aga
 scalar one (`search_layout`, one candidate at a time) on an evenly spread subset of
 `--scalar-subset` candidates, whose best layouts must agree before anything is timed.
 
+With `--job N`, a job-shaped measurement: a `cost.layout: auto` job of N candidates (four
+variants, Block AttnRes at S = 2 and 4; depths 1-50, widths multiples of 64, seq_len 2048)
+primed as the runner primes it (`nas_service.search.prime_layouts`: enumerated, searched
+with `best_layouts`, priced per chosen layout), against the one-candidate path
+(`price_candidate` unprimed, `--scalar-subset` candidates, extrapolated), whose answers must
+be equal first. `--job-only` skips everything else.
+
     python bench/cost_model.py [--points 10000] [--repeats 5] [--devices 64]
-        [--global-batch 512] [--max-virtual 4] [--scalar-subset 20] [--json FILE]
+        [--global-batch 512] [--max-virtual 4] [--scalar-subset 20] [--job N] [--job-only]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -61,8 +69,15 @@ def main() -> int:
     parser.add_argument("--global-batch", type=int, default=512, help="sequences per step")
     parser.add_argument("--max-virtual", type=int, default=4, help="virtual stages tried")
     parser.add_argument("--scalar-subset", type=int, default=20, help="candidates, scalar path")
+    parser.add_argument("--job", type=int, default=0, help="candidates of a primed job")
+    parser.add_argument("--job-only", action="store_true", help="only the --job measurement")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.job_only:
+        job = job_priming(args)
+        if args.json:
+            args.json.write_text(json.dumps({"benchmark": "cost_model", "job": job}, indent=2))
+        return 0
 
     base = ArchConfig(n_layers=8, d_model=512, n_heads=8, variant="block_attnres", block_size=2)
     axes = grid_axes(args.points)
@@ -111,10 +126,87 @@ def main() -> int:
             f"{row['speedup_vs_scalar']:9.1f}x"
         )
     layout = layout_search(args)
+    primed = job_priming(args) if args.job else None
     if args.json:
-        out = {"benchmark": "cost_model", "rows": rows, "layout_search": layout}
+        out: dict[str, Any] = {"benchmark": "cost_model", "rows": rows, "layout_search": layout}
+        if primed is not None:
+            out["job"] = primed
         args.json.write_text(json.dumps(out, indent=2))
     return 0
+
+
+def job_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """A `cost.layout: auto` job of about `args.job` candidates (see the module docstring)."""
+    depths = min(50, max(1, args.job // 5))
+    widths = max(1, round(args.job / (5 * depths)))
+    return {
+        "name": "primed",
+        "space": {
+            "n_layers": {"low": 1, "high": depths},
+            "d_model": {"low": 64, "high": 64 * widths, "step": 64},
+            "variants": ["baseline", "full_attnres", "mhc_lite", "block_attnres"],
+            "block_sizes": [2, 4],
+        },
+        "budget": {"tokens": 1_000_000_000},
+        "n_trials": max(1, args.job),
+        "training": {"seq_len": 2048, "batch_size": 8},
+        "objectives": ["val_loss", "best_step_time_s"],
+        "cost": {
+            "layout": "auto",
+            "devices": args.devices,
+            "global_batch": args.global_batch,
+            "max_virtual": args.max_virtual,
+            "hardware": "h100",
+        },
+    }
+
+
+def job_priming(args: argparse.Namespace) -> dict[str, Any]:
+    """A job's space primed in one pass against the one-candidate path; prints a line."""
+    from nas_service.search import price_candidate, prime_layouts, primed_architectures
+    from nas_service.spec import CandidateSpace, enumerate_candidates, parse_spec
+
+    data = job_spec(args)
+    spec = parse_spec(data)
+    candidates = [CandidateSpace.to_study(c.params) for c in enumerate_candidates(spec)]
+    start = time.perf_counter()
+    primed = prime_layouts(spec, None, searches_per_group=0)
+    prime_s = time.perf_counter() - start
+    assert primed == primed_architectures(spec) > 0
+    start = time.perf_counter()
+    answers = [price_candidate(spec, params) for params in candidates]
+    read_s = time.perf_counter() - start
+    subset = np.unique(
+        np.linspace(0, len(candidates) - 1, min(args.scalar_subset, len(candidates)))
+        .round()
+        .astype(int)
+    )
+    unprimed = parse_spec(data)
+    start = time.perf_counter()
+    one = [price_candidate(unprimed, candidates[i]) for i in subset]
+    one_s = time.perf_counter() - start
+    for i, other in zip(subset, one, strict=True):  # the two paths answer alike
+        mine = answers[i]
+        assert (mine.outcome, mine.reason) == (other.outcome, other.reason), i
+        assert list(mine.metrics.items()) == list(other.metrics.items()), i
+    one_rate = len(subset) / one_s
+    row = {
+        "candidates": len(candidates),
+        "architectures": primed,
+        "layouts": len(spec.cost.layout_space().layouts()),
+        "devices": args.devices,
+        "prime_s": prime_s,
+        "read_s": read_s,
+        "one_candidate_per_s": one_rate,
+        "one_candidate_all_s": primed / one_rate,
+    }
+    print(
+        f"\njob: {row['candidates']} candidates ({primed} architectures, 4 variants) on "
+        f"{args.devices} devices, {row['layouts']} layouts each: primed in {prime_s:.1f} s, "
+        f"read back in {read_s:.1f} s; one candidate at a time: {one_rate:.1f}/s, "
+        f"~{row['one_candidate_all_s']:.0f} s for all"
+    )
+    return row
 
 
 def layout_search(args: argparse.Namespace) -> dict[str, Any]:

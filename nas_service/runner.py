@@ -78,6 +78,7 @@ from nas_service.search import (
     ATTR_TRAIN,
     load_study,
     price_candidate,
+    prime_layouts,
     suggest,
     tune_settings,
 )
@@ -157,6 +158,8 @@ class Runner(TrialOutcomes):
             self.jobs[job.id] = ActiveJob(
                 spec, load_study(spec, self.storage, job.study_name), corpus
             )
+            if spec.cost.layout == "auto":  # its space at its best layouts, in one pass
+                prime_layouts(spec, self.settings.max_candidates_enumerated)
         return self.jobs[job.id]
 
     @staticmethod

@@ -13,39 +13,66 @@ A trial's *setting* is the value of every training axis (`TRAINING_AXES`) it tra
 `tune`, a trial trains at every setting of the nested grid (`tune_settings`), each with
 `seeds` runs: `runs_per_trial`. The costs depend on the architecture only, so they are
 computed once per architecture and cost context (`price_candidate`'s LRU cache).
+
+With `cost.layout: auto`, `prime_layouts` prices a whole enumerable space at its best layouts
+in one vectorised pass (`cost_model.best_layouts`, then `price_many` per chosen layout) when
+the job is loaded; `price_candidate` reads those results, the same numbers the one-candidate
+search (`_best_layout_metrics`) gives, and searches one candidate at a time only for what was
+not primed.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import itertools
+import logging
 import math
 import statistics
+import threading
+import time
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import optuna
 
 from cost_model import (
+    LAYOUT_METRICS,
+    METRICS,
+    RECOMPUTE_MODES,
     ArchConfig,
+    ArchGrid,
+    CostInputError,
     CostReport,
+    GridLayouts,
+    Layout,
     LayoutSpace,
     Parallelism,
     Workload,
+    best_layouts,
     get_hardware,
     price,
+    price_many,
     search_layout,
 )
 from cost_model.calibration import StepModel
+from cost_model.hardware import Hardware
+from cost_model.report import grid_groups
 from cost_model.residuals import DEPTH_MIXED
+from cost_model.timing import train_step_time
 from nas_service.spec import (
     CALIBRATED,
     CandidateSpace,
     JobSpec,
+    SpecError,
     StepCalibration,
     Training,
     build_candidate,
+    enumerate_candidates,
+    space_size,
 )
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
 from workers.contract import EvalPoint, TrainResult, TrainSpec
@@ -202,13 +229,16 @@ def _calibrated(report: CostReport, calibration: StepCalibration | None) -> dict
     """`calibrated_step_time_s` of a priced step (`StepModel.step_time`), or nothing."""
     if calibration is None:
         return {}
-    model = StepModel(
+    return {CALIBRATED: float(_step_model(calibration).step_time(report.step_time))}
+
+
+def _step_model(calibration: StepCalibration) -> StepModel:
+    return StepModel(
         compute_factor=calibration.compute_factor,
         memory_factor=calibration.memory_factor,
         overhead_s=calibration.overhead_s,
         rows=calibration.trials,
     )
-    return {CALIBRATED: float(model.step_time(report.step_time))}
 
 
 @functools.lru_cache(maxsize=COST_CACHE_SIZE)
@@ -233,6 +263,192 @@ def _best_layout_metrics(
     return tuple((metrics | _calibrated(report, calibration)).items()), ""
 
 
+# -- a job's space at its best layouts, in one pass --------------------------------------------
+#: `_best_layout_metrics`'s answer: the metric pairs and an empty reason, or none and why.
+LayoutAnswer = tuple[tuple[tuple[str, float], ...], str]
+#: The cost context of `cost.layout: auto` (`_layout_context`): workload, layout space,
+#: hardware, memory cap, calibration.
+LayoutContext = tuple[Workload, LayoutSpace, str, float | None, StepCalibration | None]
+
+#: Jobs whose primed results are held at once (`prime_layouts`); the oldest goes first. A
+#: job's results also go when its spec is released (the runner drops a finished job's).
+PRIMED_JOBS = 16
+#: What one group of `cost_model.best_layouts` (candidates sharing their categorical fields,
+#: e.g. one variant) costs, in one-candidate searches (`search_layout`): the grid search pays
+#: a fixed price per layout whatever the group's size (up to thousands), so priming only pays
+#: when the job prices more architectures than about this many per group. Measured on the
+#: job of `python bench/cost_model.py --job 10000 --job-only`: a group of 2,000 candidates
+#: costs 55 one-candidate searches on 8 devices (690 layouts), 130-230 on 64 (3,123 layouts).
+PRIME_SEARCHES_PER_GROUP = 100
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Primed:
+    spec: weakref.ReferenceType[JobSpec]
+    context: LayoutContext
+    answers: dict[ArchConfig, LayoutAnswer]
+    finalizer: weakref.finalize[[int], JobSpec]
+
+
+_PRIMED: collections.OrderedDict[int, _Primed] = collections.OrderedDict()  # id(spec) →
+_PRIMED_LOCK = threading.RLock()  # a finalizer may run while it is held
+
+
+def _layout_context(spec: JobSpec) -> LayoutContext:
+    cost = spec.cost
+    return (
+        cost.workload(spec.training),
+        cost.layout_space(),
+        cost.hardware,
+        cost.memory_cap_bytes,
+        cost.calibration,
+    )
+
+
+def prime_layouts(spec: JobSpec, limit: int | None, searches_per_group: float | None = None) -> int:
+    """Price every valid candidate of a `cost.layout: auto` job at its best layout, in one
+    vectorised pass, and keep the answers for `price_candidate` (for this spec object, while
+    it lives; at most `PRIMED_JOBS` specs). Returns the number of architectures primed.
+
+    Nothing is primed (0) with `layout: fixed`, for a space of more than `limit` candidates
+    (`enumerate_candidates`: the operator's `max_candidates_enumerated`), or when the job
+    prices fewer architectures (at most `n_trials`) than `searches_per_group` per group of
+    the grid search (default `PRIME_SEARCHES_PER_GROUP`; the one-candidate path is then the
+    faster). The answers are `_best_layout_metrics`' (tested equal to the bit): the layout
+    `best_layouts` chooses, every metric there (`price_many`, per chosen layout),
+    `LAYOUT_METRICS`, the calibrated step time, or the reason no layout is feasible. A
+    candidate the vectorised pass cannot price is left to the one-candidate path."""
+    if spec.cost.layout != "auto":
+        return 0
+    if searches_per_group is None:
+        searches_per_group = PRIME_SEARCHES_PER_GROUP
+    if min(spec.n_trials, space_size(spec)) < searches_per_group:  # not even one group pays
+        return 0
+    start = time.perf_counter()
+    try:
+        archs = list(
+            dict.fromkeys(c.arch for c in enumerate_candidates(spec, limit) if c.arch is not None)
+        )
+    except SpecError:  # more candidates than the limit
+        return 0
+    groups = sum(1 for _ in grid_groups(archs))
+    if not archs or min(spec.n_trials, len(archs)) < searches_per_group * groups:
+        return 0
+    context = _layout_context(spec)
+    try:
+        answers = _answers(archs, *context)
+    except CostInputError as exc:  # the one-candidate path says why, candidate by candidate
+        log.warning("layouts not primed for %d architectures: %s", len(archs), exc)
+        return 0
+    key = id(spec)
+    with _PRIMED_LOCK:
+        old = _PRIMED.pop(key, None)
+        if old is not None:
+            old.finalizer.detach()
+        finalizer = weakref.finalize(spec, _forget, key)
+        _PRIMED[key] = _Primed(weakref.ref(spec), context, answers, finalizer)
+        while len(_PRIMED) > PRIMED_JOBS:
+            _, evicted = _PRIMED.popitem(last=False)
+            evicted.finalizer.detach()
+    log.info(
+        "%d architectures priced at their best layouts in %.1f s",
+        len(answers),
+        time.perf_counter() - start,
+    )
+    return len(answers)
+
+
+def primed_architectures(spec: JobSpec) -> int:
+    """The architectures `prime_layouts` holds answers for, for this spec object (0: none)."""
+    with _PRIMED_LOCK:
+        entry = _PRIMED.get(id(spec))
+        return len(entry.answers) if entry is not None and entry.spec() is spec else 0
+
+
+def _forget(key: int) -> None:
+    with _PRIMED_LOCK:
+        _PRIMED.pop(key, None)
+
+
+def _primed(spec: JobSpec, arch: ArchConfig, context: LayoutContext) -> LayoutAnswer | None:
+    entry = _PRIMED.get(id(spec))
+    if entry is None or entry.spec() is not spec or entry.context != context:
+        return None
+    return entry.answers.get(arch)
+
+
+def _answers(
+    archs: list[ArchConfig],
+    workload: Workload,
+    space: LayoutSpace,
+    hardware: str,
+    memory_cap_bytes: float | None,
+    calibration: StepCalibration | None,
+) -> dict[ArchConfig, LayoutAnswer]:
+    """`_best_layout_metrics` of many architectures: the best layouts at once, then the
+    architectures priced together per chosen layout."""
+    hw = get_hardware(hardware)
+    found = best_layouts(archs, space, workload, hw, memory_cap_bytes)
+    answers: dict[ArchConfig, LayoutAnswer] = {}
+    by_layout: dict[Layout, list[int]] = {}
+    for i, arch in enumerate(archs):
+        if not found.valid[i]:
+            continue  # not an architecture to the grid: the one-candidate path
+        if found.found[i]:
+            by_layout.setdefault(_chosen(found, i), []).append(i)
+        else:
+            answers[arch] = ((), str(found.reasons[i]))
+    for layout, idx in by_layout.items():
+        members = [archs[i] for i in idx]
+        wl, par = layout.workload(workload), layout.parallelism()
+        prices = price_many(members, wl, par, hw)
+        if calibration is not None:
+            prices[CALIBRATED] = _calibrated_many(members, wl, par, hw, calibration)
+        for j, i in enumerate(idx):
+            metrics = {name: float(prices[name][j]) for name in METRICS}
+            metrics |= {name: float(found.metrics[name][i]) for name in LAYOUT_METRICS}
+            if calibration is not None:
+                metrics[CALIBRATED] = float(prices[CALIBRATED][j])
+            if not all(math.isfinite(v) for v in metrics.values()):
+                continue  # the one-candidate path
+            answers[archs[i]] = (tuple(metrics.items()), "")
+    return answers
+
+
+def _chosen(found: GridLayouts, i: int) -> Layout:
+    """The best layout of candidate `i` of a `best_layouts` answer."""
+    m = {name: found.metrics[name][i] for name in LAYOUT_METRICS}
+    return Layout(
+        tensor=int(m["best_layout_tensor"]),
+        pipeline=int(m["best_layout_pipeline"]),
+        virtual=int(m["best_layout_virtual"]),
+        data=int(m["best_layout_data"]),
+        micro_batch=int(m["best_layout_micro_batch"]),
+        microbatches=int(m["best_layout_microbatches"]),
+        recompute=RECOMPUTE_MODES[int(m["best_layout_recompute"])],
+        sequence_parallel=bool(m["best_layout_sequence_parallel"]),
+    )
+
+
+def _calibrated_many(
+    configs: list[ArchConfig],
+    workload: Workload,
+    parallel: Parallelism,
+    hw: Hardware,
+    calibration: StepCalibration,
+) -> np.ndarray:
+    """`calibrated_step_time_s` of many architectures at one layout (`_calibrated`'s)."""
+    model = _step_model(calibration)
+    out = np.full(len(configs), np.nan)
+    for idx, first, axes in grid_groups(configs):
+        grid = ArchGrid.build(first, **axes)
+        times = model.step_time(train_step_time(grid, workload, parallel, hw))
+        out[idx] = np.where(grid.valid, np.broadcast_to(times, (len(idx),)), np.nan)
+    return out
+
+
 @dataclass
 class Priced:
     """A candidate after pricing: its arch and metrics, or why it is not trained."""
@@ -254,24 +470,18 @@ def price_candidate(
     """Arch for the params, every cost metric, the constraints, and the `TrainSpec` of seed
     `seed` at the trial's `training_setting` (a run at another setting or seed:
     `train_spec.replace(**setting, seed=k)`). The metrics are computed once per architecture
-    and cost context (an LRU of `COST_CACHE_SIZE`). `corpus` is what the workers read: the
-    runner passes the spec's corpus as resolved against the operator's settings
-    (`spec.resolve_corpus`); by default the spec's own."""
+    and cost context (an LRU of `COST_CACHE_SIZE`), or read from `prime_layouts`' answers.
+    `corpus` is what the workers read: the runner passes the spec's corpus as resolved
+    against the operator's settings (`spec.resolve_corpus`); by default the spec's own."""
     candidate = build_candidate(spec, CandidateSpace.from_study(params))
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
     arch = candidate.arch
     workload, layout = spec.cost.workload(spec.training), spec.cost.parallelism()
     if spec.cost.layout == "auto":
-        cost = spec.cost
-        pairs, why = _best_layout_metrics(
-            arch,
-            workload,
-            cost.layout_space(),
-            cost.hardware,
-            cost.memory_cap_bytes,
-            cost.calibration,
-        )
+        context = _layout_context(spec)
+        answer = _primed(spec, arch, context)
+        pairs, why = answer if answer is not None else _best_layout_metrics(arch, *context)
         if not pairs:
             reason = f"no parallel layout: {why}"
             return Priced(params, arch.to_dict(), {}, "infeasible", reason, None)
