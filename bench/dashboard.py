@@ -7,13 +7,15 @@ service). The job is bench/service.py's (its spec and synthetic trials, imported
 
     python bench/dashboard.py [--trials 10000] [--json FILE] [--chromium /usr/bin/chromium]
 
-Target: first chart ≤ 2 s with 10,000 trials.
+Target: first chart ≤ 2 s with 10,000 trials. `--cold-reads DB_URL JOB` times only the
+page's first API reads of a job already stored, in process, each round in a fresh app.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -131,13 +133,56 @@ def report(trials: int, cold: dict[str, Any], warm: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What the page asks before its first chart, in its order (bench/service.py's objectives).
+FIRST_READS = (
+    ("job", ""),
+    ("points", "/points?metrics=val_loss,train_memory_bytes"),
+    ("pareto", "/pareto?metrics=val_loss,train_memory_bytes"),
+)
+
+
+def cold_reads(db_url: str, job: str, repeat: int) -> dict[str, list[float]]:
+    """The page's first reads (`FIRST_READS`) in process, each round in a fresh app (a
+    service just started: nothing cached), in seconds per read."""
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    times: dict[str, list[float]] = {name: [] for name, _ in FIRST_READS}
+    for _ in range(repeat):
+        app = create_app(get_settings(database_url=db_url, max_trials=20_000))
+        with TestClient(app) as c:
+            for name, path in FIRST_READS:
+                began = time.perf_counter()
+                c.get(f"/v1/jobs/{job}{path}").raise_for_status()
+                times[name].append(time.perf_counter() - began)
+    return times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--trials", type=int, default=10_000)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--chromium", default=CHROMIUM, help="the system's Chromium")
+    parser.add_argument(
+        "--cold-reads",
+        nargs=2,
+        metavar=("DB_URL", "JOB"),
+        help="only time the page's first API reads of a stored job in a fresh app, in process",
+    )
+    parser.add_argument("--repeat", type=int, default=5, help="rounds of --cold-reads")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.cold_reads:
+        db_url, job = args.cold_reads
+        times = cold_reads(db_url, job, args.repeat)
+        for name, seen in times.items():
+            runs = ", ".join(f"{t:.2f}" for t in seen)
+            print(f"cold {name:7} median {statistics.median(seen):6.2f} s  ({runs})")
+        total = [sum(round_) for round_ in zip(*times.values(), strict=True)]
+        print(f"cold all     median {statistics.median(total):6.2f} s")
+        return 0
     from playwright.sync_api import sync_playwright
 
     db_url = f"sqlite:///{tempfile.mkdtemp()}/dashboard.db"

@@ -111,31 +111,69 @@ def _run_plan(spec: JobSpec, rows: list[TrialRow], counted: list[TrialRow], n: i
     return RunPlan(total=total, done=done, per_trial=mean)
 
 
-def summarise(job: Job, results: JobResults) -> JobRead:
-    """The job as the API shows it: its row, its progress by outcome and by training run
-    (settings × seeds, counted as each run finishes), the compute spent of its budget, and
-    an ETA: the mean time of a finished run × the runs left ÷ the job's concurrency."""
+@dataclass(frozen=True)
+class Tally:
+    """What a job's summary counts of its trials: by outcome, its training runs, the
+    compute spent, its finished runs' times — once per state of its study
+    (`JobResults.memoised`), so pollers of a job of 10,000 trials cost no pass over them."""
+
+    progress: Progress
+    per_trial: float
+    spent: float
+    run_times: tuple[float, ...]
+
+
+def _tally(job: Job, stored: JobSpec, results: JobResults, fidelity: bool) -> Tally:
     rows = [r for r in results.rows if not r.lost]
     counted = results.counted()
     outcome = [r.outcome for r in counted]
+    kind = "flops" if job.spec["budget"].get("flops") is not None else "tokens"
+    plan = _run_plan(stored, rows, counted, job.n_trials)
+    key = "flops_spent" if kind == "flops" else "tokens_seen"
+    return Tally(
+        progress=Progress(
+            counted=len(counted),
+            completed=sum(1 for r in counted if r.state == TrialStatus.COMPLETE),
+            running=sum(1 for r in rows if r.state == TrialStatus.RUNNING),
+            pruned=outcome.count(TrialOutcome.PRUNED),
+            infeasible=outcome.count(TrialOutcome.INFEASIBLE)
+            + outcome.count(TrialOutcome.OVER_CONSTRAINT),
+            failed=outcome.count(TrialOutcome.FAILED) + outcome.count(TrialOutcome.CANCELLED),
+            diverged=outcome.count(TrialOutcome.DIVERGED),
+            runs_done=plan.done,
+            runs_total=plan.total,
+            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)] if fidelity else [],
+        ),
+        per_trial=plan.per_trial,
+        spent=sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train),
+        run_times=tuple(
+            r.duration_s / len(r.train)
+            for r in counted
+            if r.state == TrialStatus.COMPLETE and r.duration_s and r.train
+        ),
+    )
+
+
+def summarise(job: Job, results: JobResults) -> JobRead:
+    """The job as the API shows it: its row, its progress by outcome and by training run
+    (settings × seeds, counted as each run finishes), the compute spent of its budget, and
+    an ETA: the mean time of a finished run × the runs left ÷ the job's concurrency. The
+    trials' tally is memoised per state of the study; the ETA is the row's and the clock's."""
     spec = job.spec
     budget = spec["budget"]
     kind = "flops" if budget.get("flops") is not None else "tokens"
     values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
     stored = _stored_spec(job)
-    plan = _run_plan(stored, rows, counted, job.n_trials)
-    per_trial = sum(values) / len(values) * plan.per_trial
-    key = "flops_spent" if kind == "flops" else "tokens_seen"
-    spent = sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train)
-    total = per_trial * job.n_trials
-    runs_total, runs_done = plan.total, plan.done
-    run_times = [
-        r.duration_s / len(r.train)
-        for r in counted
-        if r.state == TrialStatus.COMPLETE and r.duration_s and r.train
-    ]
-    eta = None
     fidelity = getattr(stored, "fidelity", None) is not None
+    tally = results.memoised(
+        ("summary", job.id, job.n_trials), lambda: _tally(job, stored, results, fidelity)
+    )
+    per_trial = sum(values) / len(values) * tally.per_trial
+    spent = tally.spent
+    total = per_trial * job.n_trials
+    runs_total, runs_done = tally.progress.runs_total, tally.progress.runs_done
+    run_times = tally.run_times
+    eta = None
     if fidelity:  # the plan's expected compute; the ETA from the rate of compute so far
         total *= expected_compute(stored)
         elapsed = _elapsed_s(job)
@@ -155,19 +193,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
         started_at=job.started_at,
         finished_at=job.finished_at,
         error=job.error,
-        progress=Progress(
-            counted=len(counted),
-            completed=sum(1 for r in counted if r.state == TrialStatus.COMPLETE),
-            running=sum(1 for r in rows if r.state == TrialStatus.RUNNING),
-            pruned=outcome.count(TrialOutcome.PRUNED),
-            infeasible=outcome.count(TrialOutcome.INFEASIBLE)
-            + outcome.count(TrialOutcome.OVER_CONSTRAINT),
-            failed=outcome.count(TrialOutcome.FAILED) + outcome.count(TrialOutcome.CANCELLED),
-            diverged=outcome.count(TrialOutcome.DIVERGED),
-            runs_done=runs_done,
-            runs_total=runs_total,
-            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)] if fidelity else [],
-        ),
+        progress=tally.progress.model_copy(deep=True),
         compute=Compute(
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
         ),
