@@ -35,7 +35,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -76,6 +76,7 @@ from nas_service.search import (
     ATTR_COSTS,
     ATTR_LOST,
     ATTR_TRAIN,
+    Layouts,
     load_study,
     price_candidate,
     prime_layouts,
@@ -108,6 +109,7 @@ class ActiveJob:
     spec: JobSpec
     study: optuna.Study
     corpus: str | None
+    layouts: Layouts = field(default_factory=dict)  # `cost.layout: auto`: primed once
 
 
 class Runner(TrialOutcomes):
@@ -156,10 +158,11 @@ class Runner(TrialOutcomes):
             except SpecError as exc:
                 raise JobBroken(str(exc)) from None
             self.jobs[job.id] = ActiveJob(
-                spec, load_study(spec, self.storage, job.study_name), corpus
+                spec,
+                load_study(spec, self.storage, job.study_name),
+                corpus,
+                prime_layouts(spec, self.settings.max_candidates_enumerated),
             )
-            if spec.cost.layout == "auto":  # its space at its best layouts, in one pass
-                prime_layouts(spec, self.settings.max_candidates_enumerated)
         return self.jobs[job.id]
 
     @staticmethod
@@ -385,7 +388,7 @@ class Runner(TrialOutcomes):
             recs[-1] = recs[-1] | {"promoted": True}
             set_user_attrs(study, trial, {ATTR_RUNGS: recs, ATTR_WAITING: None})
             params = dict(w.trial.params)
-            priced = price_candidate(spec, params, corpus=active.corpus)
+            priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
             if priced.train_spec is None:
                 raise RuntimeError(f"the candidate is no longer trainable: {priced.reason}")
             settings = tune_settings(spec, params)
@@ -492,7 +495,7 @@ class Runner(TrialOutcomes):
         try:
             params = suggest(trial, spec)
             self._update_run(run_id, trial.number, params)
-            priced = price_candidate(spec, params, corpus=active.corpus)
+            priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
             arch = {ATTR_ARCH: priced.arch_dict} if priced.arch_dict is not None else {}
             set_user_attrs(study, trial, arch | {ATTR_COSTS: priced.metrics})
             if priced.outcome != "train":  # infeasible or over a constraint: never trained

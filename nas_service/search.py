@@ -15,24 +15,23 @@ A trial's *setting* is the value of every training axis (`TRAINING_AXES`) it tra
 computed once per architecture and cost context (`price_candidate`'s LRU cache).
 
 With `cost.layout: auto`, `prime_layouts` prices a whole enumerable space at its best layouts
-in one vectorised pass (`cost_model.best_layouts`, then `price_many` per chosen layout) when
-the job is loaded; `price_candidate` reads those results, the same numbers the one-candidate
-search (`_best_layout_metrics`) gives, and searches one candidate at a time only for what was
-not primed.
+in one vectorised pass (`cost_model.best_layouts`, then `price_many` per chosen layout); the
+runner does it when it loads such a job and keeps the answers with the job, and
+`price_candidate(…, layouts=…)` reads them (the same numbers the one-candidate search,
+`_best_layout_metrics`, gives), searching one candidate at a time only for what was not
+primed.
 """
 
 from __future__ import annotations
 
-import collections
 import functools
 import itertools
 import logging
 import math
 import statistics
-import threading
 import time
 import warnings
-import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,10 +268,9 @@ LayoutAnswer = tuple[tuple[tuple[str, float], ...], str]
 #: The cost context of `cost.layout: auto` (`_layout_context`): workload, layout space,
 #: hardware, memory cap, calibration.
 LayoutContext = tuple[Workload, LayoutSpace, str, float | None, StepCalibration | None]
+#: A job's architectures primed at their best layouts (`prime_layouts`).
+Layouts = Mapping[ArchConfig, LayoutAnswer]
 
-#: Jobs whose primed results are held at once (`prime_layouts`); the oldest goes first. A
-#: job's results also go when its spec is released (the runner drops a finished job's).
-PRIMED_JOBS = 16
 #: What one group of `cost_model.best_layouts` (candidates sharing their categorical fields,
 #: e.g. one variant) costs, in one-candidate searches (`search_layout`): the grid search pays
 #: a fixed price per layout whatever the group's size (up to thousands), so priming only pays
@@ -282,18 +280,6 @@ PRIMED_JOBS = 16
 PRIME_SEARCHES_PER_GROUP = 100
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Primed:
-    spec: weakref.ReferenceType[JobSpec]
-    context: LayoutContext
-    answers: dict[ArchConfig, LayoutAnswer]
-    finalizer: weakref.finalize[[int], JobSpec]
-
-
-_PRIMED: collections.OrderedDict[int, _Primed] = collections.OrderedDict()  # id(spec) →
-_PRIMED_LOCK = threading.RLock()  # a finalizer may run while it is held
 
 
 def _layout_context(spec: JobSpec) -> LayoutContext:
@@ -307,76 +293,48 @@ def _layout_context(spec: JobSpec) -> LayoutContext:
     )
 
 
-def prime_layouts(spec: JobSpec, limit: int | None, searches_per_group: float | None = None) -> int:
-    """Price every valid candidate of a `cost.layout: auto` job at its best layout, in one
-    vectorised pass, and keep the answers for `price_candidate` (for this spec object, while
-    it lives; at most `PRIMED_JOBS` specs). Returns the number of architectures primed.
+def prime_layouts(
+    spec: JobSpec, limit: int | None, searches_per_group: float | None = None
+) -> Layouts:
+    """Every valid candidate of a `cost.layout: auto` job at its best layout, in one
+    vectorised pass: the answers `price_candidate(…, layouts=…)` reads (the runner keeps them
+    with the job while it drives it).
 
-    Nothing is primed (0) with `layout: fixed`, for a space of more than `limit` candidates
-    (`enumerate_candidates`: the operator's `max_candidates_enumerated`), or when the job
-    prices fewer architectures (at most `n_trials`) than `searches_per_group` per group of
-    the grid search (default `PRIME_SEARCHES_PER_GROUP`; the one-candidate path is then the
-    faster). The answers are `_best_layout_metrics`' (tested equal to the bit): the layout
-    `best_layouts` chooses, every metric there (`price_many`, per chosen layout),
+    None are primed (an empty mapping) with `layout: fixed`, for a space of more than `limit`
+    candidates (`enumerate_candidates`: the operator's `max_candidates_enumerated`), or when
+    the job prices fewer architectures (at most `n_trials`) than `searches_per_group` per
+    group of the grid search (default `PRIME_SEARCHES_PER_GROUP`; the one-candidate path is
+    then the faster). The answers are `_best_layout_metrics`' (tested equal to the bit): the
+    layout `best_layouts` chooses, every metric there (`price_many`, per chosen layout),
     `LAYOUT_METRICS`, the calibrated step time, or the reason no layout is feasible. A
     candidate the vectorised pass cannot price is left to the one-candidate path."""
     if spec.cost.layout != "auto":
-        return 0
+        return {}
     if searches_per_group is None:
         searches_per_group = PRIME_SEARCHES_PER_GROUP
     if min(spec.n_trials, space_size(spec)) < searches_per_group:  # not even one group pays
-        return 0
+        return {}
     start = time.perf_counter()
     try:
         archs = list(
             dict.fromkeys(c.arch for c in enumerate_candidates(spec, limit) if c.arch is not None)
         )
     except SpecError:  # more candidates than the limit
-        return 0
+        return {}
     groups = sum(1 for _ in grid_groups(archs))
     if not archs or min(spec.n_trials, len(archs)) < searches_per_group * groups:
-        return 0
-    context = _layout_context(spec)
+        return {}
     try:
-        answers = _answers(archs, *context)
+        answers = _answers(archs, *_layout_context(spec))
     except CostInputError as exc:  # the one-candidate path says why, candidate by candidate
         log.warning("layouts not primed for %d architectures: %s", len(archs), exc)
-        return 0
-    key = id(spec)
-    with _PRIMED_LOCK:
-        old = _PRIMED.pop(key, None)
-        if old is not None:
-            old.finalizer.detach()
-        finalizer = weakref.finalize(spec, _forget, key)
-        _PRIMED[key] = _Primed(weakref.ref(spec), context, answers, finalizer)
-        while len(_PRIMED) > PRIMED_JOBS:
-            _, evicted = _PRIMED.popitem(last=False)
-            evicted.finalizer.detach()
+        return {}
     log.info(
         "%d architectures priced at their best layouts in %.1f s",
         len(answers),
         time.perf_counter() - start,
     )
-    return len(answers)
-
-
-def primed_architectures(spec: JobSpec) -> int:
-    """The architectures `prime_layouts` holds answers for, for this spec object (0: none)."""
-    with _PRIMED_LOCK:
-        entry = _PRIMED.get(id(spec))
-        return len(entry.answers) if entry is not None and entry.spec() is spec else 0
-
-
-def _forget(key: int) -> None:
-    with _PRIMED_LOCK:
-        _PRIMED.pop(key, None)
-
-
-def _primed(spec: JobSpec, arch: ArchConfig, context: LayoutContext) -> LayoutAnswer | None:
-    entry = _PRIMED.get(id(spec))
-    if entry is None or entry.spec() is not spec or entry.context != context:
-        return None
-    return entry.answers.get(arch)
+    return answers
 
 
 def _answers(
@@ -465,23 +423,29 @@ _SPEC_CORPUS: Any = object()
 
 
 def price_candidate(
-    spec: JobSpec, params: dict[str, Any], seed: int = 0, corpus: str | None = _SPEC_CORPUS
+    spec: JobSpec,
+    params: dict[str, Any],
+    seed: int = 0,
+    corpus: str | None = _SPEC_CORPUS,
+    layouts: Layouts | None = None,
 ) -> Priced:
     """Arch for the params, every cost metric, the constraints, and the `TrainSpec` of seed
     `seed` at the trial's `training_setting` (a run at another setting or seed:
     `train_spec.replace(**setting, seed=k)`). The metrics are computed once per architecture
-    and cost context (an LRU of `COST_CACHE_SIZE`), or read from `prime_layouts`' answers.
-    `corpus` is what the workers read: the runner passes the spec's corpus as resolved
-    against the operator's settings (`spec.resolve_corpus`); by default the spec's own."""
+    and cost context (an LRU of `COST_CACHE_SIZE`), or read from `layouts`, the job's
+    `prime_layouts` answers. `corpus` is what the workers read: the runner passes the spec's
+    corpus as resolved against the operator's settings (`spec.resolve_corpus`); by default
+    the spec's own."""
     candidate = build_candidate(spec, CandidateSpace.from_study(params))
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
     arch = candidate.arch
     workload, layout = spec.cost.workload(spec.training), spec.cost.parallelism()
     if spec.cost.layout == "auto":
-        context = _layout_context(spec)
-        answer = _primed(spec, arch, context)
-        pairs, why = answer if answer is not None else _best_layout_metrics(arch, *context)
+        answer = layouts.get(arch) if layouts else None
+        pairs, why = (
+            answer if answer is not None else _best_layout_metrics(arch, *_layout_context(spec))
+        )
         if not pairs:
             reason = f"no parallel layout: {why}"
             return Priced(params, arch.to_dict(), {}, "infeasible", reason, None)

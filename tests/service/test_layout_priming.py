@@ -1,11 +1,10 @@
 """`prime_layouts`: a `cost.layout: auto` job's whole space priced at its best layouts in one
 vectorised pass when the runner loads the job. Every candidate's `price_candidate` answer
 is then the one-candidate search's to the bit (layout, metrics, calibrated time, reasons),
-no one-candidate search runs, and the answers go with the job's spec."""
+and no one-candidate search runs: not in the runner's own asks either."""
 
 from __future__ import annotations
 
-import gc
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,7 @@ from nas_service import search
 from nas_service.jobs import submit
 from nas_service.landscape import load_landscape
 from nas_service.runner import Runner
-from nas_service.search import (
-    Priced,
-    price_candidate,
-    prime_layouts,
-    primed_architectures,
-)
+from nas_service.search import ATTR_COSTS, Priced, price_candidate, prime_layouts
 from nas_service.simulated import SimulatedBackend
 from nas_service.spec import CALIBRATED, CandidateSpace, JobSpec, enumerate_candidates, parse_spec
 from tests.service.jobkit import setup
@@ -69,14 +63,13 @@ def _same(a: Priced, b: Priced) -> None:
 @pytest.mark.parametrize("calibrated", [False, True], ids=["roofline", "calibrated"])
 def test_primed_answers_are_the_one_candidate_answers(calibrated: bool) -> None:
     data = JOB | {"cost": JOB["cost"] | {"calibration": CALIBRATION}} if calibrated else JOB
-    spec, reference = parse_spec(data), parse_spec(data)
+    spec = parse_spec(data)
     archs = {c.arch for c in enumerate_candidates(spec) if c.arch is not None}
-    assert prime_layouts(spec, 1000, searches_per_group=0) == len(archs) > 40
-    assert primed_architectures(spec) == len(archs)
-    assert primed_architectures(reference) == 0  # an equal spec is another job: not primed
+    layouts = prime_layouts(spec, 1000, searches_per_group=0)
+    assert set(layouts) == archs and len(archs) > 40
     kinds = set()
     for params in _study_params(spec):
-        primed, one = price_candidate(spec, params), price_candidate(reference, params)
+        primed, one = price_candidate(spec, params, layouts=layouts), price_candidate(spec, params)
         _same(primed, one)
         kinds.add(_kind(primed))
         if primed.outcome == "train":
@@ -95,6 +88,26 @@ def _kind(priced: Priced) -> str:
 
 
 def test_a_primed_job_never_searches_one_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_searches(monkeypatch)
+    spec = parse_spec(JOB)
+    layouts = prime_layouts(spec, 1000, searches_per_group=0)
+    assert layouts
+    priced = [price_candidate(spec, params, layouts=layouts) for params in _study_params(spec)]
+    assert calls == []
+    assert {p.outcome for p in priced} == {"train", "infeasible", "over_constraint"}
+    # the same job unprimed searches each of its architectures once (the wrapper counts)
+    for params in _study_params(spec):
+        price_candidate(spec, params)
+    assert len(calls) == len(layouts)
+    # a candidate outside the primed space (an enqueued trial) is searched on its own
+    outside = {"residual": "baseline", "n_layers": 8, "d_model": 64}
+    assert price_candidate(spec, outside, layouts=layouts).outcome == "train"
+    assert len(calls) == len(layouts) + 1
+    assert calls[-1].n_layers == 8
+
+
+def _count_searches(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The real one-candidate search, wrapped to record each architecture it is asked for."""
     calls: list[Any] = []
 
     def counted(*args: Any, **kwargs: Any) -> Any:
@@ -103,77 +116,38 @@ def test_a_primed_job_never_searches_one_candidate(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(search, "search_layout", counted)
     search._best_layout_metrics.cache_clear()
-    spec = parse_spec(JOB)
-    assert prime_layouts(spec, 1000, searches_per_group=0) > 0
-    priced = [price_candidate(spec, params) for params in _study_params(spec)]
-    assert calls == []
-    assert {p.outcome for p in priced} == {"train", "infeasible", "over_constraint"}
-    # the same job unprimed searches each of its architectures once (the wrapper counts)
-    unprimed = parse_spec(JOB)
-    for params in _study_params(unprimed):
-        price_candidate(unprimed, params)
-    assert len(calls) == primed_architectures(spec)
-    # a candidate outside the primed space (an enqueued trial) is searched on its own
-    outside = {"residual": "baseline", "n_layers": 8, "d_model": 64}
-    assert price_candidate(spec, outside).outcome == "train"
-    assert len(calls) == primed_architectures(spec) + 1
-    assert calls[-1].n_layers == 8
+    return calls
 
 
 def test_what_is_not_primed() -> None:
     fixed = JOB | {"cost": {"hardware": "h100"}, "objectives": ["val_loss"], "constraints": []}
-    assert prime_layouts(parse_spec(fixed), 1000, searches_per_group=0) == 0
+    assert prime_layouts(parse_spec(fixed), 1000, searches_per_group=0) == {}
     # a space over the operator's enumeration limit keeps the one-candidate path
-    assert prime_layouts(parse_spec(JOB), 71, searches_per_group=0) == 0
+    assert prime_layouts(parse_spec(JOB), 71, searches_per_group=0) == {}
     # a job that prices fewer architectures than a grid search costs: the default rule
-    few = parse_spec(JOB | {"n_trials": 20})
-    assert prime_layouts(few, 1000) == 0 == primed_architectures(few)
-    assert prime_layouts(parse_spec(JOB), 1000) == 0  # 1000 trials, 72 architectures
-    searched = parse_spec(JOB | {"n_trials": 20})
-    assert prime_layouts(searched, 1000, searches_per_group=0) == primed_architectures(searched)
-    assert primed_architectures(searched) > 0
+    assert prime_layouts(parse_spec(JOB | {"n_trials": 20}), 1000) == {}
+    assert prime_layouts(parse_spec(JOB), 1000) == {}  # 1000 trials, 72 architectures
+    assert prime_layouts(parse_spec(JOB | {"n_trials": 20}), 1000, searches_per_group=0)
 
 
-def test_the_answers_go_with_the_spec_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = parse_spec(JOB)
-    prime_layouts(spec, 1000, searches_per_group=0)
-    key = id(spec)
-    assert key in search._PRIMED
-    del spec
-    gc.collect()
-    assert key not in search._PRIMED
-    monkeypatch.setattr(search, "PRIMED_JOBS", 2)
-    small = JOB | {"space": JOB["space"] | {"variants": ["baseline"], "block_sizes": None}}
-    specs = [parse_spec(small) for _ in range(3)]
-    for s in specs:
-        prime_layouts(s, 1000, searches_per_group=0)
-    assert len(search._PRIMED) <= 2
-    assert primed_architectures(specs[0]) == 0 < primed_architectures(specs[2])
-    # an evicted job prices as before, by the one-candidate path
-    params = _study_params(specs[0])[5]
-    _same(price_candidate(specs[0], params), price_candidate(specs[2], params))
-
-
-def test_the_runner_primes_an_auto_job_when_it_loads_it(
+def test_the_runner_primes_an_auto_job_and_asks_no_one_candidate_search(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(search, "PRIME_SEARCHES_PER_GROUP", 0)
     settings, Session = setup(f"sqlite:///{tmp_path / 'depthscope.db'}")
-    job = submit(Session, settings, JOB | {"n_trials": 4})
+    job = submit(Session, settings, JOB | {"n_trials": 6, "sampler": "random"})
     plain = {"name": "fixed", "cost": {}, "constraints": [], "objectives": ["val_loss"]}
     fixed = submit(Session, settings, JOB | plain | {"n_trials": 4})
     landscape = load_landscape(ROOT / "bench" / "landscapes" / "crossover.json")
     runner = Runner(settings, backend=SimulatedBackend(landscape))
     active = runner._job(job)
     archs = {c.arch for c in enumerate_candidates(active.spec) if c.arch is not None}
-    assert primed_architectures(active.spec) == len(archs)
-    assert primed_architectures(runner._job(fixed).spec) == 0
-    params = _study_params(active.spec)[0]
-    _same(price_candidate(active.spec, params), price_candidate(parse_spec(JOB), params))
-    # a finished job's spec is dropped by the runner, and its answers with it
-    key = id(active.spec)
-    assert key in search._PRIMED
-    runner.jobs.pop(job.id)
-    del active
-    gc.collect()
-    assert key not in search._PRIMED
+    assert set(active.layouts) == archs
+    assert runner._job(fixed).layouts == {}
+    # the runner's own asks read the job's answers: no one-candidate search at all
+    calls = _count_searches(monkeypatch)
+    for _ in range(6):
+        runner._ask(job.id, active)
+    assert calls == []
+    costs = [t.user_attrs.get(ATTR_COSTS) for t in active.study.get_trials()]
+    assert len(costs) == 6 and any(c and "best_step_time_s" in c for c in costs)
