@@ -17,13 +17,15 @@ states of the study's unfinished trials."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
+import gc
 import json
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -409,6 +411,22 @@ def _unfinished(rows: list[TrialRow]) -> tuple[tuple[int, str], ...]:
     return tuple(sorted((r.trial_id, str(r.state)) for r in rows if not r.state.finished))
 
 
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector off while a table is built: building one allocates a few
+    objects per stored row and none in a cycle, and each of the collections that many
+    allocations set off walks every object the process holds (half the build's time at
+    10,000 trials). Reference counting frees everything meanwhile as always; the collector
+    is back on at the end (unless it was off before)."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 class ResultsCache:
     """Per-study result tables, refreshed when the study's fingerprint changes."""
 
@@ -535,7 +553,8 @@ class ResultsCache:
         if cached is not None and cached.fingerprint == fp:
             return cached
         read_at = time.monotonic()
-        rows = self._refresh(study_name, cached, objectives, budget)
+        with _no_cycle_collection():
+            rows = self._refresh(study_name, cached, objectives, budget)
         # current as of the fingerprint read before it: a change since shows at the next one
         runs = fp[2] if study_name in self._jobs and self.job_runs else None
         table = (len(rows), False, runs if runs is not None else _unfinished(rows))
