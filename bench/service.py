@@ -99,7 +99,7 @@ def measure(url: str, trials: int, calls: int) -> dict[str, Any]:
         with httpx.Client(base_url=base, timeout=300) as c:
             job = c.post("/v1/jobs", json=SPEC).json()
             study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
-            study.add_trials(synthetic_trials(parse_spec(SPEC), trials))
+            support.store_trials(study, synthetic_trials(parse_spec(SPEC), trials))
             jid = job["id"]
             start = time.perf_counter()
             c.get(f"/v1/jobs/{jid}/pareto", params={"metrics": "val_loss,train_memory_bytes"})

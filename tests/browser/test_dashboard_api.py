@@ -36,7 +36,9 @@ def stored(client: TestClient) -> tuple[str, int]:
     job = client.post("/v1/jobs", json=BIG, headers=AUTH).json()
     url = str(client.app.state.settings.database_url)  # type: ignore[attr-defined]
     study = optuna.load_study(study_name=job["study_name"], storage=optuna_storage(url))
-    study.add_trials(_synthetic().synthetic_trials(parse_spec(BIG), 120))  # type: ignore[attr-defined]
+    support = _synthetic()
+    trials = support.synthetic_trials(parse_spec(BIG), 120)  # type: ignore[attr-defined]
+    support.store_trials(study, trials)  # type: ignore[attr-defined]
     return job["id"], 120
 
 

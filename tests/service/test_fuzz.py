@@ -154,8 +154,9 @@ def stored_job(fuzzed: Fuzzed) -> str:
     finally:
         engine.dispose()
     study = optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
-    synthetic = _synthetic().synthetic_trials  # type: ignore[attr-defined]
-    study.add_trials(synthetic(parse_spec(spec), 300))
+    support = _synthetic()
+    trials = support.synthetic_trials(parse_spec(spec), 300)  # type: ignore[attr-defined]
+    support.store_trials(study, trials)  # type: ignore[attr-defined]
     fuzzed.created.add(job.id)
     return job.id
 

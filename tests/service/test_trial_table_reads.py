@@ -176,3 +176,35 @@ def test_a_cold_job_read_reads_each_trial_table_once(
             assert sql.reading(table) == [], table
         for table in READ:
             assert len(sql.reading(table)) == 1, table
+
+
+def test_bulk_stored_trials_equal_optunas_add_trials(db_url: str) -> None:
+    """bench/support.py's `store_trials` (the benchmarks' and the 10,000-trial browser
+    test's loader) stores what `Study.add_trials` stores: the same trials, field by field,
+    numbered after the trials already there, over SQLite and PostgreSQL."""
+    support = _synthetic()
+    storage = optuna_storage(db_url)
+    template = _mixed_study(db_url)
+    finished = [t for t in template.get_trials() if t.state.is_finished()]
+    synthetic = support.synthetic_trials(parse_spec(JOB), 20, seed=5)  # type: ignore[attr-defined]
+    for name, batch in (("mixed", finished), ("synthetic", synthetic)):
+        stored = {}
+        for how in ("optuna", "bulk"):
+            study = optuna.create_study(
+                study_name=f"{name}-{how}", storage=storage, directions=["minimize", "minimize"]
+            )
+            study.add_trial(batch[0])  # the numbering continues after the trials there
+            if how == "optuna":
+                study.add_trials(batch[1:])
+            else:
+                support.store_trials(study, batch[1:])  # type: ignore[attr-defined]
+            stored[how] = optuna.load_study(study_name=study.study_name, storage=storage)
+        bulk, reference = stored["bulk"].get_trials(), stored["optuna"].get_trials()
+        assert len(bulk) == len(batch) and [t.number for t in bulk] == list(range(len(batch)))
+        for a, b in zip(reference, bulk, strict=True):
+            assert {k: v for k, v in vars(a).items() if k != "_trial_id"} == {
+                k: v for k, v in vars(b).items() if k != "_trial_id"
+            }
+    with pytest.raises(ValueError, match="only finished trials"):
+        running = [t for t in template.get_trials() if not t.state.is_finished()]
+        support.store_trials(stored["bulk"], running)  # type: ignore[attr-defined]
