@@ -401,7 +401,10 @@ def _resolve(reference: str, labels: Sequence[str]) -> str:
 
 
 def compare(
-    rows: Iterable[TrialRow], reference: str = "baseline", level: float = 0.95
+    rows: Iterable[TrialRow],
+    reference: str = "baseline",
+    level: float = 0.95,
+    profiled: Sequence[ProfileRow] | None = None,
 ) -> dict[str, Any]:
     """Every variant label against `reference`, shape by shape (same n_layers, d_model,
     n_heads, budget), each architecture at its profiled best setting.
@@ -414,10 +417,11 @@ def compare(
     n_layers the differences of every matched shape there pooled, with the same interval;
     `crossover_depth` is the smallest n_layers from which the variant is `better` at that
     and every larger explored depth (None, with a message, when the deepest is not).
+    `profiled`: `profile(rows)` where the caller has it already.
     Raises ValueError when the reference has no trained trial."""
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
-    prof = profile(rows)
+    prof = profile(rows) if profiled is None else profiled
     labels = sorted({p.residual for p in prof})
     ref = _resolve(reference, labels)
     best: dict[str, dict[Shape, ProfileRow]] = {}

@@ -384,7 +384,7 @@ def _comparison(results: JobResults, reference: str, level: float) -> dict[str, 
 
     def answer() -> dict[str, Any]:
         try:
-            return profiles.compare(results.counted(), reference, level)
+            return profiles.compare(results.counted(), reference, level, profiled=results.profile())
         except ValueError as exc:
             raise NothingYet("reference", str(exc)) from None
 

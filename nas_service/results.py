@@ -392,23 +392,50 @@ class JobResults:
     rows: list[TrialRow] = field(default_factory=list)
     fingerprint: Fingerprint = (0, False, ())
     memo: dict[Any, Any] = field(default_factory=dict)  # query answers for this fingerprint
+    _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _computing: dict[Any, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
 
     def memoised(self, key: Any, compute: Callable[[], T]) -> T:
-        """The answer to a query, computed once per state of the study (at most 1024 kept
-        per state: a client asking for ever new pages is answered, not remembered)."""
-        if key not in self.memo:
-            if len(self.memo) >= 1024:
+        """The answer to a query, computed once per state of the study (at most
+        `MEMO_LIMIT` kept per state: a client asking for ever new pages is answered, not
+        remembered). Computed once even when several requests ask at the same time: the
+        later ones wait for the first one's answer (a page's first visit asks several
+        queries at once, each over the same profile); an exception is never kept."""
+        if key in self.memo:
+            hit: T = self.memo[key]
+            return hit
+        with self._guard:
+            if len(self._computing) >= MEMO_LIMIT:
                 return compute()
-            self.memo[key] = compute()
-        value: T = self.memo[key]
-        return value
+            lock = self._computing.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self.memo:
+                self.memo[key] = compute()
+            value: T = self.memo[key]
+            return value
 
     def counted(self) -> list[TrialRow]:
         return [r for r in self.rows if not r.lost and r.state.finished]
 
+    def profile(self) -> list[profiles.ProfileRow]:
+        """`profiles.profile` of the counted trials, once per state of the study: each
+        architecture (at its budget) at its best training setting. Every query on the
+        profile reads it from here, a subset of architectures filtered out of it (a
+        profile is per architecture, so the profile of a subset of architectures is this
+        one's rows of those architectures, in the same order)."""
+        return self.memoised(("profile",), lambda: profiles.profile(self.counted()))
+
+
+#: Answers kept per state of a study (`JobResults.memoised`).
+MEMO_LIMIT = 1024
+
 
 def _unfinished(rows: list[TrialRow]) -> tuple[tuple[int, str], ...]:
     return tuple(sorted((r.trial_id, str(r.state)) for r in rows if not r.state.finished))
+
+
+#: A table build that leaves more objects than this behind freezes them (`_no_cycle_collection`).
+FREEZE_AFTER = 100_000
 
 
 @contextlib.contextmanager
@@ -417,12 +444,22 @@ def _no_cycle_collection() -> Iterator[None]:
     objects per stored row and none in a cycle, and each of the collections that many
     allocations set off walks every object the process holds (half the build's time at
     10,000 trials). Reference counting frees everything meanwhile as always; the collector
-    is back on at the end (unless it was off before)."""
+    is back on at the end (unless it was off before).
+
+    A build that left more than `FREEZE_AFTER` objects behind (a job's first load: about a
+    hundred per trial) moves them to the collector's permanent generation (`gc.freeze`):
+    each of them would otherwise be walked by the next collections of every generation,
+    whichever request set them off (a third of a 10,000-trial job's first page, spent in
+    its next reads). They hold no cycle, and a refresh that drops them frees them by
+    reference counting as always; what else the process held at that moment is frozen
+    too, which costs at most the cycles among it, once per such load."""
     was_on = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
+        if gc.get_count()[0] > FREEZE_AFTER:
+            gc.freeze()
         if was_on:
             gc.enable()
 
@@ -607,7 +644,7 @@ def pareto_rows(
     trials of architectures with no completed training (infeasible, pruned) stay as they are."""
     rows = results.counted()
     if profile:
-        best = profiles.profile(rows)
+        best = results.profile()
         chosen = {id(p.row) for p in best}
         profiled = {p.arch_key for p in best}
         rows = [r for r in rows if id(r) in chosen or r.arch_key not in profiled]
@@ -632,11 +669,15 @@ def _ratio(row: TrialRow) -> float:
     return float(row.arch["d_model"]) / float(row.arch["n_layers"])
 
 
-def _points(rows: list[TrialRow], profile: bool) -> list[tuple[TrialRow, float, dict[str, float]]]:
-    """(trial, loss, setting) per point of a fit: one per architecture at its best setting,
-    or every trained trial at its own."""
+def _points(
+    results: JobResults, rows: list[TrialRow], profile: bool
+) -> list[tuple[TrialRow, float, dict[str, float]]]:
+    """(trial, loss, setting) per point of a fit of `rows` (trials of whole architectures:
+    all of an architecture's trials or none): one per architecture at its best setting
+    (the job's profile, filtered), or every trained trial at its own."""
     if profile:
-        return [(p.row, p.loss, p.setting) for p in profiles.profile(rows)]
+        archs = {r.arch_key for r in rows}
+        return [(p.row, p.loss, p.setting) for p in results.profile() if p.arch_key in archs]
     return [
         (r, r.metrics["val_loss"], r.setting) for r in rows if _finite(r.metrics.get("val_loss"))
     ]
@@ -662,7 +703,7 @@ def optimum_by_variant(
             groups.setdefault((r.variant, r.budget), []).append(r)
     out = []
     for (variant, budget), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
-        points = _points(rows, profile)
+        points = _points(results, rows, profile)
         if not points:
             continue
         ratios = [_ratio(r) for r, _, _ in points]
@@ -783,7 +824,7 @@ def scaling_by_variant(
     compute the reference needs)."""
     best: dict[str, dict[float, float]] = {}
     trained = [r for r in results.counted() if r.state == "complete" and r.budget]
-    for r, value, _ in _points(trained, profile):
+    for r, value, _ in _points(results, trained, profile):
         if r.budget:
             per = best.setdefault(r.variant, {})
             if r.budget not in per or value < per[r.budget]:

@@ -31,7 +31,7 @@ from fastapi import APIRouter, Path, Query
 
 from cost_model import METRICS, VARIANTS
 from cost_model.hardware import PRESETS
-from nas_service import profiles, queries
+from nas_service import queries
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS, Offset
@@ -184,12 +184,12 @@ def points(
 
     def answer() -> PointsRead:
         rows = [r for r in results.rows if not r.lost]
-        trained = [
-            r
+        trained = {  # the architectures a fit can place
+            r.arch_key
             for r in results.counted()
             if r.state == TrialStatus.COMPLETE and r.arch and _ratio(r) is not None
-        ]
-        best = profiles.profile(trained)
+        }
+        best = [p for p in results.profile() if p.arch_key in trained]
         return PointsRead(
             job_id=job_id,
             total=len(rows),

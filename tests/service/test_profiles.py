@@ -574,3 +574,49 @@ def test_an_optimum_beyond_one_block_says_what_would_locate_it() -> None:
     ]
     [fit] = optimum_by_variant(JobResults("s", ["val_loss"], inside), bootstrap=0)
     assert fit["verdict"] == "ok" and "one block" not in fit["message"]
+
+
+def test_every_query_reads_the_one_profile_of_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile is computed once per state of the job and shared: the optimum (per
+    variant and budget), Pareto, scaling and the paired comparison each filter the job's
+    one profile, and each answer equals the profile of its own subset computed afresh."""
+    from nas_service import queries
+    from nas_service.results import _points
+
+    rows = landscape_rows(seeds=2)
+    rows += paired_rows(lambda depth: -0.01, [2, 4, 8], seeds=2, noise=0.001)
+    for r in paired_rows(lambda depth: 0.02, [2, 4], seeds=2, noise=0.001, rng_seed=1):
+        rows.append(make_row(len(rows), r.arch, [(r.setting, r.seeds)], budget=2 * BUDGET))
+    pruned = old_row(len(rows), rows[0].arch, 9.0)  # an architecture trained elsewhere too
+    pruned.state = TrialStatus.PRUNED
+    rows.append(pruned)
+    for i, r in enumerate(rows):
+        r.number = i
+    results = JobResults("s", ["val_loss", "params_total"], rows)
+
+    calls = 0
+    original = profiles.profile
+
+    def counted(rows: Any) -> list[profiles.ProfileRow]:
+        nonlocal calls
+        calls += 1
+        return original(rows)
+
+    monkeypatch.setattr(profiles, "profile", counted)
+    optimum = optimum_by_variant(results, bootstrap=20)
+    pareto_rows(results, ["val_loss", "params_total"], profile=True)
+    scaling_by_variant(results)
+    compared = queries._comparison(results, "baseline", 0.95)
+    assert calls == 1
+    monkeypatch.setattr(profiles, "profile", original)
+
+    groups: dict[tuple[str, float | None], list[TrialRow]] = {}
+    for r in results.counted():
+        if r.state == TrialStatus.COMPLETE:
+            groups.setdefault((r.variant, r.budget), []).append(r)
+    assert len(groups) == 4 and len(optimum) == 4
+    for group in groups.values():
+        assert _points(results, group, True) == [
+            (p.row, p.loss, p.setting) for p in profiles.profile(group)
+        ]
+    assert compared == profiles.compare(results.counted(), "baseline", 0.95)

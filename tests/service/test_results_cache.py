@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import optuna
+import pytest
 
 from nas_service.jobs import optuna_storage
 from nas_service.results import JobResults, ResultsCache
@@ -98,3 +100,84 @@ def test_results_never_wait_for_the_pool_a_request_holds(tmp_path: Path) -> None
         results = cache.get("s", ["val_loss"], job_id="job-1")
         assert len(results.rows) == 1
         assert len(cache.get("s", ["val_loss"], job_id="job-1").rows) == 1
+
+
+def test_concurrent_askers_of_one_answer_share_one_computation() -> None:
+    """A page's first visit asks several queries at once over one job: an answer asked by
+    several requests at the same time is computed once, the others wait for it; an answer
+    that raised is not kept; different answers do not wait for each other."""
+    results = JobResults("s", ["val_loss"])
+    computed = 0
+    start = threading.Barrier(6)
+
+    def slow() -> int:
+        nonlocal computed
+        computed += 1
+        time.sleep(0.3)  # long enough for every asker to arrive meanwhile
+        return 42
+
+    seen: list[int] = []
+
+    def ask() -> None:
+        start.wait()
+        seen.append(results.memoised("answer", slow))
+
+    threads = [threading.Thread(target=ask) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert seen == [42] * 6 and computed == 1
+
+    def fails() -> int:
+        raise RuntimeError("not yet")
+
+    for _ in range(2):
+        with pytest.raises(RuntimeError):
+            results.memoised("failing", fails)
+    assert "failing" not in results.memo and results.memoised("failing", lambda: 7) == 7
+
+    entered = threading.Event()
+
+    def blocking() -> int:
+        entered.set()
+        time.sleep(1.0)
+        return 1
+
+    other = threading.Thread(target=results.memoised, args=("slow", blocking))
+    other.start()
+    assert entered.wait(10)
+    began = time.monotonic()
+    assert results.memoised("quick", lambda: 2) == 2
+    assert time.monotonic() - began < 0.5
+    other.join(timeout=30)
+
+
+def test_a_large_first_load_is_frozen_out_of_the_cycle_collector(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table's first load leaves about a hundred objects per trial behind: when a load
+    leaves more than FREEZE_AFTER, they go to the collector's permanent generation (every
+    later collection would walk them); a refresh that adds a few rows freezes nothing, and
+    the collector is on afterwards."""
+    from nas_service import results as results_module
+    from tests.service.apikit import SPEC, _synthetic
+
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    support: Any = _synthetic()
+    from nas_service.spec import parse_spec
+
+    job = parse_spec(SPEC | {"objectives": ["val_loss"]})
+    support.store_trials(study, support.synthetic_trials(job, 300))
+    monkeypatch.setattr(results_module, "FREEZE_AFTER", 5_000)  # 300 trials: ~30,000 objects
+    cache = ResultsCache(storage)
+    gc.unfreeze()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert len(cache.get("s", ["val_loss"]).rows) == 300
+    frozen = gc.get_freeze_count()  # the table, and what else the process held
+    assert frozen > 300 * 50 and gc.isenabled()
+    support.store_trials(study, support.synthetic_trials(job, 2, seed=1))
+    assert len(cache.get("s", ["val_loss"]).rows) == 302
+    assert gc.get_freeze_count() <= frozen and gc.isenabled()  # some were freed since
+    gc.unfreeze()
