@@ -13,6 +13,7 @@ scripts load this file by its path."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import random
@@ -104,8 +105,8 @@ def store_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
                 "number": start + i,
                 "study_id": study_id,
                 "state": t.state,
-                "datetime_start": t.datetime_start,
-                "datetime_complete": t.datetime_complete,
+                "datetime_start": _naive_utc(t.datetime_start),
+                "datetime_complete": _naive_utc(t.datetime_complete),
             }
             for i, t in enumerate(trials)
         ]
@@ -166,6 +167,11 @@ def store_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
         ):
             if rows:
                 conn.execute(insert(model.__table__), rows)
+
+
+def _naive_utc(when: dt.datetime | None) -> dt.datetime | None:
+    """A time as Optuna's trial table stores it: naive UTC (a naive time is local time)."""
+    return None if when is None else when.astimezone(dt.UTC).replace(tzinfo=None)
 
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

@@ -178,10 +178,22 @@ def test_a_cold_job_read_reads_each_trial_table_once(
             assert len(sql.reading(table)) == 1, table
 
 
+@pytest.fixture
+def away_from_utc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Local time 5 hours behind UTC (New York in winter) for the test, then as it was."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("away_from_utc")
 def test_bulk_stored_trials_equal_optunas_add_trials(db_url: str) -> None:
     """bench/support.py's `store_trials` (the benchmarks' and the 10,000-trial browser
     test's loader) stores what `Study.add_trials` stores: the same trials, field by field,
-    numbered after the trials already there, over SQLite and PostgreSQL."""
+    numbered after the trials already there, over SQLite and PostgreSQL; in a time zone
+    away from UTC (Optuna stores naive UTC and shows local time)."""
     support = _synthetic()
     storage = optuna_storage(db_url)
     template = _mixed_study(db_url)
