@@ -18,10 +18,8 @@ states of the study's unfinished trials."""
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import functools
 import gc
-import json
 import math
 import threading
 import time
@@ -31,10 +29,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 import optuna
-from optuna.distributions import BaseDistribution, json_to_distribution
-from optuna.storages._rdb import models as _models
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import Engine, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from nas_service import profiles
@@ -49,6 +45,7 @@ from nas_service.db import TrialOutcome, TrialRun, TrialStatus
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME
 from nas_service.spec.space import encode_residual
+from nas_service.trial_tables import StoredTrial, read_trials
 
 T = TypeVar("T")
 
@@ -197,120 +194,6 @@ def _mean(losses: list[float | None]) -> float | None:
 
 def _loss_or_none(value: Any) -> float | None:
     return float(value) if _finite(value) else None
-
-
-@dataclass(frozen=True, slots=True)
-class StoredTrial:
-    """What a row is built from: a trial's fields as Optuna's storage holds them (those of
-    `FrozenTrial` the table reads; the datetimes naive UTC, as stored)."""
-
-    trial_id: int
-    number: int
-    state: TrialState
-    values: list[float] | None
-    params: dict[str, Any]
-    user_attrs: dict[str, Any]
-    datetime_start: dt.datetime | None
-    datetime_complete: dt.datetime | None
-
-
-def read_trials(
-    engine: Engine,
-    study_id: int,
-    states: tuple[TrialState, ...] | None = None,
-    trial_ids: list[int] | None = None,
-    from_number: int | None = None,
-) -> list[StoredTrial]:
-    """The study's trials, ordered by number: every one, or those in `states`, with these
-    `trial_ids` or numbered from `from_number` on (any of them), read in bulk from Optuna's
-    tables: one statement per table (trials, values, params, user attributes), whatever
-    their number, through Optuna's own table definitions, decoded as
-    `RDBStorage.get_all_trials` decodes them (tested equal). Optuna's storage builds an ORM
-    object per row of each table and a `FrozenTrial` per trial (system attributes and
-    intermediate values too, which no row reads): at 10,000 trials that took 15 s."""
-    trials = _models.TrialModel.__table__
-    wanted = select(trials.c.trial_id).where(trials.c.study_id == study_id)
-    any_of = []
-    if states is not None:
-        any_of.append(trials.c.state.in_(states))
-    if trial_ids:
-        any_of.append(trials.c.trial_id.in_(trial_ids))
-    if from_number is not None:
-        any_of.append(trials.c.number >= from_number)
-    if any_of:
-        wanted = wanted.where(or_(*any_of))
-    elif trial_ids is not None:  # asked for no trial
-        return []
-    subset = wanted.scalar_subquery()
-    values_t = _models.TrialValueModel.__table__
-    params_t = _models.TrialParamModel.__table__
-    attrs_t = _models.TrialUserAttributeModel.__table__
-    with engine.connect() as conn:
-        head = conn.execute(
-            select(
-                trials.c.trial_id,
-                trials.c.number,
-                trials.c.state,
-                trials.c.datetime_start,
-                trials.c.datetime_complete,
-            ).where(trials.c.trial_id.in_(subset))
-        ).all()
-        values: dict[int, dict[int, float]] = {}
-        for tid, objective, value, kind in conn.execute(
-            select(
-                values_t.c.trial_id, values_t.c.objective, values_t.c.value, values_t.c.value_type
-            ).where(values_t.c.trial_id.in_(subset))
-        ).all():
-            stored = _models.TrialValueModel.stored_repr_to_value(value, kind)
-            values.setdefault(tid, {})[objective] = stored
-        params: dict[int, list[tuple[int, str, float, str]]] = {}
-        for tid, pid, name, value, dist in conn.execute(
-            select(
-                params_t.c.trial_id,
-                params_t.c.param_id,
-                params_t.c.param_name,
-                params_t.c.param_value,
-                params_t.c.distribution_json,
-            ).where(params_t.c.trial_id.in_(subset))
-        ).all():
-            params.setdefault(tid, []).append((pid, name, value, dist))
-        stored_attrs = conn.execute(
-            select(attrs_t.c.trial_id, attrs_t.c.key, attrs_t.c.value_json)
-            .where(attrs_t.c.trial_id.in_(subset))
-            .order_by(attrs_t.c.trial_user_attribute_id)
-        ).all()
-    # every value in one parse (each is a JSON text of Optuna's json.dumps): a parse per
-    # value costs as much again in calls as in parsing
-    decoded = json.loads("[" + ",".join(text for _, _, text in stored_attrs) + "]")
-    attrs: dict[int, dict[str, Any]] = {}
-    for (tid, key, _), value in zip(stored_attrs, decoded, strict=True):
-        attrs.setdefault(tid, {})[key] = value
-    out = []
-    for tid, number, state, start, complete in head:
-        by_objective = values.get(tid)
-        out.append(
-            StoredTrial(
-                trial_id=tid,
-                number=number,
-                state=state if isinstance(state, TrialState) else TrialState[state],
-                values=[by_objective[k] for k in sorted(by_objective)] if by_objective else None,
-                params={
-                    name: _distribution(dist).to_external_repr(value)
-                    for _, name, value, dist in sorted(params.get(tid, []))
-                },
-                user_attrs=attrs.get(tid, {}),
-                datetime_start=start,
-                datetime_complete=complete,
-            )
-        )
-    out.sort(key=lambda t: t.number)
-    return out
-
-
-@functools.lru_cache(maxsize=1024)
-def _distribution(text: str) -> BaseDistribution:
-    """A parameter's distribution from its JSON (a study's trials share a few)."""
-    return json_to_distribution(text)
 
 
 def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:

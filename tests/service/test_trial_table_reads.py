@@ -23,9 +23,10 @@ from sqlalchemy import Engine, event
 
 from nas_service.api.app import create_app
 from nas_service.jobs import optuna_storage
-from nas_service.results import StoredTrial, _row, read_trials
+from nas_service.results import _row
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
+from nas_service.trial_tables import StoredTrial, read_trials
 from tests.service.apikit import SPEC, _synthetic
 
 JOB = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 60}
@@ -220,3 +221,24 @@ def test_bulk_stored_trials_equal_optunas_add_trials(db_url: str) -> None:
     with pytest.raises(ValueError, match="only finished trials"):
         running = [t for t in template.get_trials() if not t.state.is_finished()]
         support.store_trials(stored["bulk"], running)  # type: ignore[attr-defined]
+
+
+@pytest.mark.usefixtures("away_from_utc")
+def test_complete_reads_are_optunas_frozen_trials(db_url: str) -> None:
+    """`read_trials(complete=True)` then `frozen()` (the runner's storage reads a study so)
+    gives what Optuna's storage gives, every field: distributions, system attributes,
+    intermediate values, times in local time; by ids and above an id as its reads ask."""
+    _mixed_study(db_url)
+    storage = optuna_storage(db_url)
+    sid = storage.get_study_id_from_name("mixed")
+    theirs = storage.get_all_trials(sid, deepcopy=False)
+    ours = [t.frozen() for t in read_trials(storage.engine, sid, complete=True)]
+    assert len(ours) == len(theirs) == 8
+    assert any(t.system_attrs for t in ours) and any(t.intermediate_values for t in ours)
+    for mine, frozen in zip(ours, theirs, strict=True):
+        assert vars(mine) == vars(frozen)
+    ids = [t._trial_id for t in theirs]
+    some = read_trials(storage.engine, sid, trial_ids={ids[1]}, after_trial_id=ids[5])
+    assert [t.number for t in some] == [1, 6, 7]
+    partial = read_trials(storage.engine, sid)  # not complete: those fields left unread
+    assert all(not t.system_attrs and not t.intermediate_values for t in partial)
