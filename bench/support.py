@@ -5,16 +5,15 @@ throw-away PostgreSQL database.
 (architecture, every cost metric, the training summary, a curve), without training
 anything; losses follow a quadratic in ln(d_model/L_b) with a known minimum, plus noise.
 `store_trials`: finished trials added to a study in one transaction, a few bulk statements
-in all, stored as `Study.add_trials` stores them (tested equal): Optuna adds a trial at a
-time, about 25 ms each on two cores, four minutes for 10,000.
+in all (`nas_service.trial_tables.insert_trials`), stored as `Study.add_trials` stores them
+(tested equal): Optuna adds a trial at a time, about 25 ms each on two cores, four minutes
+for 10,000.
 
 bench/ is no package (and bench/cost_model.py would shadow the real one on sys.path), so the
 scripts load this file by its path."""
 
 from __future__ import annotations
 
-import datetime as dt
-import json
 import math
 import random
 import uuid
@@ -22,13 +21,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, distribution_to_json
-from optuna.storages._rdb import models
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState, create_trial
-from sqlalchemy import func, insert, select
 
 from cost_model import ArchConfig, price
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
+from nas_service.trial_tables import insert_trials
 
 
 def synthetic_trials(
@@ -95,83 +93,8 @@ def store_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
     for t in trials:
         if not t.state.is_finished():
             raise ValueError(f"trial {t.number}: only finished trials are stored in bulk")
-    trials_t = models.TrialModel.__table__
     with engine.begin() as conn:
-        start = conn.execute(
-            select(func.count()).select_from(trials_t).where(trials_t.c.study_id == study_id)
-        ).scalar_one()
-        heads = [
-            {
-                "number": start + i,
-                "study_id": study_id,
-                "state": t.state,
-                "datetime_start": _naive_utc(t.datetime_start),
-                "datetime_complete": _naive_utc(t.datetime_complete),
-            }
-            for i, t in enumerate(trials)
-        ]
-        ids = (
-            conn.execute(
-                insert(trials_t).returning(trials_t.c.trial_id, sort_by_parameter_order=True),
-                heads,
-            )
-            .scalars()
-            .all()
-            if heads
-            else []
-        )
-        rows_of: dict[str, list[dict[str, Any]]] = {
-            k: [] for k in ("values", "params", "user", "system", "intermediate")
-        }
-        values, params, intermediate = rows_of["values"], rows_of["params"], rows_of["intermediate"]
-        user_attrs, system_attrs = rows_of["user"], rows_of["system"]
-        for tid, t in zip(ids, trials, strict=True):
-            for objective, value in enumerate(t.values or []):
-                stored, kind = models.TrialValueModel.value_to_stored_repr(value)
-                values.append(
-                    {"trial_id": tid, "objective": objective, "value": stored, "value_type": kind}
-                )
-            for name, value in t.params.items():
-                dist = t.distributions[name]
-                params.append(
-                    {
-                        "trial_id": tid,
-                        "param_name": name,
-                        "param_value": dist.to_internal_repr(value),
-                        "distribution_json": distribution_to_json(dist),
-                    }
-                )
-            for rows, attrs in ((user_attrs, t.user_attrs), (system_attrs, t.system_attrs)):
-                rows.extend(
-                    {"trial_id": tid, "key": k, "value_json": json.dumps(v)}
-                    for k, v in attrs.items()
-                )
-            for step, value in t.intermediate_values.items():
-                inter, inter_kind = (
-                    models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
-                )
-                intermediate.append(
-                    {
-                        "trial_id": tid,
-                        "step": step,
-                        "intermediate_value": inter,
-                        "intermediate_value_type": inter_kind,
-                    }
-                )
-        for model, rows in (
-            (models.TrialValueModel, values),
-            (models.TrialParamModel, params),
-            (models.TrialUserAttributeModel, user_attrs),
-            (models.TrialSystemAttributeModel, system_attrs),
-            (models.TrialIntermediateValueModel, intermediate),
-        ):
-            if rows:
-                conn.execute(insert(model.__table__), rows)
-
-
-def _naive_utc(when: dt.datetime | None) -> dt.datetime | None:
-    """A time as Optuna's trial table stores it: naive UTC (a naive time is local time)."""
-    return None if when is None else when.astimezone(dt.UTC).replace(tzinfo=None)
+        insert_trials(conn, study_id, trials)
 
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"

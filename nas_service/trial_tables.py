@@ -11,21 +11,28 @@ which a restarted runner makes for every job it drives, while its workers wait).
 
 `read_trials` gives `StoredTrial`s: the fields a results table reads, the times naive UTC as
 stored; with `complete=True` every field of a `FrozenTrial` (`StoredTrial.frozen()`, equal to
-the storage's own), system attributes and intermediate values included."""
+the storage's own), system attributes and intermediate values included.
+
+`insert_trials` writes trials as `RDBStorage.create_new_trial(template_trial=…)` writes each
+(tested equal to `Study.add_trials`), all in a few statements of the caller's transaction:
+the runner's recovery re-enqueues what a killed runner left running so (a thousand trials at
+a time on a large cluster, while its workers wait), and the benchmarks store synthetic
+trials so."""
 
 from __future__ import annotations
 
+import copy
 import datetime as dt
 import functools
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from optuna.distributions import BaseDistribution, json_to_distribution
+from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import Engine, or_, select
+from sqlalchemy import Connection, Engine, func, insert, or_, select
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,3 +213,99 @@ def _decoded(rows: list[Any]) -> dict[int, dict[str, Any]]:
 def _distribution(text: str) -> BaseDistribution:
     """A parameter's distribution from its JSON (a study's trials share a few)."""
     return json_to_distribution(text)
+
+
+def insert_trials(
+    conn: Connection, study_id: int, trials: Sequence[FrozenTrial]
+) -> list[FrozenTrial]:
+    """`trials` (templates, as `create_trial` makes them) added to the study in `conn`'s
+    transaction, as `RDBStorage.create_new_trial(study_id, template_trial=t)` adds each:
+    numbered after the study's trials (its row locked for the count, as there), with their
+    state, times, values, parameters, user and system attributes and intermediate values.
+    One statement per table. Returns the trials as stored (as `create_new_trial` gives each:
+    a copy of its template with its number and id)."""
+    trials_t = models.TrialModel.__table__
+    studies_t = models.StudyModel.__table__
+    found = conn.execute(
+        select(studies_t.c.study_id).where(studies_t.c.study_id == study_id).with_for_update()
+    ).first()
+    if found is None:
+        raise KeyError(f"no study with study_id {study_id} exists")
+    start = conn.execute(
+        select(func.count()).select_from(trials_t).where(trials_t.c.study_id == study_id)
+    ).scalar_one()
+    heads = [
+        {
+            "number": start + i,
+            "study_id": study_id,
+            "state": t.state,
+            "datetime_start": _naive_utc(t.datetime_start),
+            "datetime_complete": _naive_utc(t.datetime_complete),
+        }
+        for i, t in enumerate(trials)
+    ]
+    if not heads:
+        return []
+    ids = list(
+        conn.execute(
+            insert(trials_t).returning(trials_t.c.trial_id, sort_by_parameter_order=True), heads
+        ).scalars()
+    )
+    rows: dict[Any, list[dict[str, Any]]] = {
+        model: []
+        for model in (
+            models.TrialValueModel,
+            models.TrialParamModel,
+            models.TrialUserAttributeModel,
+            models.TrialSystemAttributeModel,
+            models.TrialIntermediateValueModel,
+        )
+    }
+    for tid, t in zip(ids, trials, strict=True):
+        for objective, value in enumerate(t.values or []):
+            stored, kind = models.TrialValueModel.value_to_stored_repr(value)
+            rows[models.TrialValueModel].append(
+                {"trial_id": tid, "objective": objective, "value": stored, "value_type": kind}
+            )
+        for name, value in t.params.items():
+            dist = t.distributions[name]
+            rows[models.TrialParamModel].append(
+                {
+                    "trial_id": tid,
+                    "param_name": name,
+                    "param_value": dist.to_internal_repr(value),
+                    "distribution_json": distribution_to_json(dist),
+                }
+            )
+        for model, attrs in (
+            (models.TrialUserAttributeModel, t.user_attrs),
+            (models.TrialSystemAttributeModel, t.system_attrs),
+        ):
+            rows[model].extend(
+                {"trial_id": tid, "key": k, "value_json": json.dumps(v)} for k, v in attrs.items()
+            )
+        steps = models.TrialIntermediateValueModel
+        for step, value in t.intermediate_values.items():
+            inter, inter_kind = steps.intermediate_value_to_stored_repr(value)
+            rows[models.TrialIntermediateValueModel].append(
+                {
+                    "trial_id": tid,
+                    "step": step,
+                    "intermediate_value": inter,
+                    "intermediate_value_type": inter_kind,
+                }
+            )
+    for model, table_rows in rows.items():
+        if table_rows:
+            conn.execute(insert(model.__table__), table_rows)
+    out = []
+    for i, (tid, t) in enumerate(zip(ids, trials, strict=True)):
+        made = copy.deepcopy(t)
+        made.number, made._trial_id = start + i, tid
+        out.append(made)
+    return out
+
+
+def _naive_utc(when: dt.datetime | None) -> dt.datetime | None:
+    """A time as Optuna's trial table stores it: naive UTC (a naive time is local time)."""
+    return None if when is None else when.astimezone(dt.UTC).replace(tzinfo=None)

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from nas_service.jobs import optuna_storage
+from nas_service.recovery import ATTR_RETRY_OF, ATTR_SUSPECT, _requeue
 from nas_service.runner import COUNTED, Runner
-from nas_service.search import ATTR_LOST
+from nas_service.search import ATTR_LOST, ATTR_OUTCOME
 from nas_service.study_cache import OwnedTrials
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -81,9 +83,16 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
                 study.tell(trial, trial.params["x"])
             elif kind < 0.7:
                 study.tell(trial, state=TrialState.PRUNED)
-            elif kind < 0.85:  # lost: marked before it is failed, as recovery does
+            elif kind < 0.75:  # lost: marked before it is failed, as recovery does
                 trial.set_user_attr(ATTR_LOST, True)
                 study.tell(trial, state=TrialState.FAIL)
+            elif kind < 0.85:  # lost with others, retried: recovery's bulk write
+                lost = [trial] + [running.pop() for _ in range(min(len(running), 2))]
+                storage.requeue_lost(
+                    study._study_id,
+                    [(t._trial_id, {ATTR_LOST: True, "why": step}) for t in lost],
+                    [(dict(t.params), {"retry_of": t.number}) for t in lost[:2]],
+                )
             else:
                 trial.set_user_attr("note", step)
                 study.tell(trial, state=TrialState.FAIL)
@@ -178,3 +187,71 @@ def test_counted_on_optunas_own_storage_is_the_same(tmp_path: Path) -> None:
         else:
             study.tell(trial, state=TrialState.PRUNED)
     assert Runner.counted(study) == 3
+
+
+def _lost_study(url: str, name: str, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """Three trials left running (one with an attribute the conclusion overwrites), one
+    complete, one retry of trial 1 enqueued already; the same parameters every time."""
+    study = optuna.create_study(
+        study_name=name, storage=storage, sampler=optuna.samplers.RandomSampler(seed=0)
+    )
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"x": 0.5}, distributions={"x": FloatDistribution(0, 1)}, value=1.0
+        )
+    )
+    for i in range(3):
+        trial = study.ask()
+        trial.suggest_float("x", 0, 1)
+        trial.set_user_attr("costs", {"params": i})
+        if i == 1:
+            trial.set_user_attr(ATTR_OUTCOME, "stale")
+    study.enqueue_trial({"x": 0.25}, user_attrs={ATTR_RETRY_OF: 1, ATTR_SUSPECT: 0})
+    return study
+
+
+def test_recovery_in_bulk_writes_what_a_trial_at_a_time_writes(db_url: str) -> None:
+    """`recovery._requeue` on the runner's storage (one transaction, `requeue_lost`) leaves
+    the same trials as on Optuna's (enqueue, then conclude, a trial at a time): the same
+    retries (with their fixed parameters), the same lost trials, field by field; and the
+    runner's cache reads what the database holds."""
+    stored = {}
+    for name, storage in (
+        ("one-at-a-time", optuna_storage(db_url)),
+        ("bulk", OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)),
+    ):
+        study = _lost_study(db_url, name, storage)
+        left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        assert len(left) == 3
+        _requeue(study, [(t, k) for k, t in enumerate(left)], retried={1})
+        if isinstance(storage, OwnedTrials):
+            assert _summary(study.get_trials(deepcopy=False)) == _summary(_fresh(db_url, name))
+        stored[name] = _fresh(db_url, name)
+    bulk, reference = stored["bulk"], stored["one-at-a-time"]
+    assert len(bulk) == len(reference) == 7
+    for mine, theirs in zip(bulk, reference, strict=True):
+        a, b = vars(mine).copy(), vars(theirs).copy()
+        for moment in ("_trial_id", "datetime_complete", "_datetime_start"):
+            a.pop(moment), b.pop(moment)
+        assert a == b
+    assert [t.user_attrs.get(ATTR_RETRY_OF) for t in bulk[4:]] == [1, 2, 3]
+    assert all(t.user_attrs[ATTR_OUTCOME] == "lost" for t in bulk[1:4])
+
+
+def test_a_bulk_requeue_is_all_or_nothing(tmp_path: Path) -> None:
+    """A trial to fail that is no longer running rolls the whole write back: no retry is
+    enqueued without its lost trial failed (recovery then goes a trial at a time)."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = _lost_study(url, "s", storage)
+    before = _summary(_fresh(url, "s"))
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.requeue_lost(
+            study._study_id,
+            [(t._trial_id, {ATTR_LOST: True}) for t in [*running, *done]],
+            [({"x": 0.1}, {})],
+        )
+    assert _summary(_fresh(url, "s")) == before
+    assert _summary(study.get_trials(deepcopy=False)) == before
