@@ -44,12 +44,12 @@ from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import select, update
+from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.backend import Backend
 from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
-from nas_service.failures import describe
+from nas_service.failures import describe, is_database_outage
 from nas_service.rungs import (
     ATTR_RUNGS,
     ATTR_WAITING,
@@ -72,7 +72,7 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
-from nas_service.study_cache import set_user_attrs, tell
+from nas_service.study_cache import OwnedTrials, set_user_attrs, tell
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore
 
@@ -215,19 +215,77 @@ class TrialOutcomes:
     flights: list[Flight]
     _event: Any
 
+    #: Trials asked in this pass of the loop whose attributes and run row are not written
+    #: yet (`_record_asked`), with their attributes.
+    _unrecorded: list[tuple[Flight, dict[str, Any]]]
+
+    def _record_asked(self) -> None:
+        """The trials asked in this pass of the loop recorded together: their attributes
+        (architecture and costs) and suggested parameters in one transaction on the
+        runner's storage (`OwnedTrials.set_many_user_attrs`), then their run rows in one
+        INSERT. Called at the end of each pass and before anything reads a flight's run row
+        (a poll, a cancel). A restarted runner asks as many trials in its first pass as the
+        cluster has workers: a trial at a time, these were two transactions each while the
+        workers waited. On an outage the batch waits for the next call; should the batch
+        fail otherwise, its trials are recorded one at a time, and one that fails fails
+        alone."""
+        batch, self._unrecorded = self._unrecorded, []
+        if not batch:
+            return
+        try:
+            by_study: dict[int, tuple[optuna.Study, list[tuple[int, dict[str, Any]]]]] = {}
+            for flight, attrs in batch:
+                study = flight.study
+                by_study.setdefault(id(study), (study, []))[1].append(
+                    (flight.trial._trial_id, attrs)
+                )
+            for study, items in by_study.values():
+                storage = study._storage
+                if isinstance(storage, OwnedTrials):
+                    storage.set_many_user_attrs(items)
+                else:
+                    for flight, attrs in batch:
+                        if flight.study is study:
+                            set_user_attrs(study, flight.trial, attrs)
+            with self.Session.begin() as s:
+                ids = s.scalars(
+                    insert(TrialRun).returning(TrialRun.id, sort_by_parameter_order=True),
+                    [
+                        {
+                            "job_id": f.job_id,
+                            "trial_number": f.trial.number,
+                            "params": f.priced.params,
+                            "attempt": f.attempt,
+                        }
+                        for f, _ in batch
+                    ],
+                ).all()
+        except Exception as exc:
+            if is_database_outage(exc):
+                self._unrecorded = batch + self._unrecorded
+                raise
+            log.warning("recording %d asked trials together failed (%s)", len(batch), exc)
+            for flight, attrs in batch:
+                try:
+                    set_user_attrs(flight.study, flight.trial, attrs)
+                    flight.run_id = self._new_run(
+                        flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
+                    )
+                except Exception as one:
+                    if is_database_outage(one):
+                        raise
+                    self._stop_task(flight)
+                    self._fail(flight, f"the runner could not record this trial: {describe(one)}")
+            return
+        for (flight, _), run_id in zip(batch, ids, strict=True):
+            flight.run_id = run_id
+
     def _new_run(self, job_id: str, number: int, params: dict[str, Any], attempt: int) -> int:
         with self.Session.begin() as s:
             run = TrialRun(job_id=job_id, trial_number=number, params=params, attempt=attempt)
             s.add(run)
             s.flush()
             return run.id
-
-    def _update_run(self, run_id: int, number: int, params: dict[str, Any] | None = None) -> None:
-        changes: dict[str, Any] = {"trial_number": number}
-        if params is not None:
-            changes["params"] = params
-        with self.Session.begin() as s:  # one UPDATE (no read of the row first)
-            s.execute(update(TrialRun).where(TrialRun.id == run_id).values(**changes))
 
     def _drop_run(self, run_id: int) -> None:
         with self.Session.begin() as s:
@@ -503,6 +561,7 @@ class TrialOutcomes:
             log.debug("cancel of trial %d: %s", flight.trial.number, exc)
 
     def _cancel_flights(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
+        self._record_asked()
         for flight in [f for f in self.flights if f.job_id == job_id]:
             self._stop_task(flight)
             self._tell(flight.study, flight.trial, outcome, reason, TrialState.FAIL)
@@ -513,3 +572,4 @@ class TrialOutcomes:
         for flight in self.flights:
             self._stop_task(flight)
         self.flights.clear()
+        self._unrecorded = []  # written by nobody: the lease holder recovers their trials

@@ -4,9 +4,12 @@
   re-enqueued with the same parameters, once: on the runner's storage all of a job's in one
   transaction (a killed runner on a cluster of 1,000 workers leaves 1,000, which one at a
   time cost 16 statements each while every worker waited); elsewhere enqueued before failed,
-  so a crash in between neither loses it nor enqueues it twice.
+  so a crash in between neither loses it nor enqueues it twice. A trial asked in the pass
+  of the loop the runner died in has no parameters recorded yet (the runner writes them,
+  with its attributes and run row, at the pass's end): its retry is sampled afresh.
 - A trial of a job cancelled (or failed) while no runner was alive is concluded as cancelled
-  (or failed); nothing is re-enqueued for it.
+  (or failed); nothing is re-enqueued for it. Such a job is found by its open run rows or by
+  its study's trials left RUNNING (one asked in the pass the runner died in has no row).
 - A poisoned trial is not retried forever: a left trial is *suspect* when no other trial
   finished after it started (the runner died while it ran and nothing else made progress).
   After `max_trial_recoveries` suspect stops in a row its candidate is failed with the
@@ -29,6 +32,7 @@ from typing import Any
 
 import optuna
 from optuna.pruners import _filter_study
+from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -55,12 +59,25 @@ ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
 
 
 def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
-    """This cluster's running jobs, and its finished jobs that still have a run open."""
+    """This cluster's running jobs, and its finished jobs that still have a run open or a
+    trial left RUNNING (a runner records a trial's run row at the end of the pass that asked
+    it: one killed in between leaves a running trial with no row)."""
+    studies_t = models.StudyModel.__table__
+    trials_t = models.TrialModel.__table__
     with sessions() as s:
         open_runs = select(TrialRun.job_id).where(TrialRun.state == RunState.RUNNING)
+        left_running = (
+            select(studies_t.c.study_name)
+            .join(trials_t, trials_t.c.study_id == studies_t.c.study_id)
+            .where(trials_t.c.state == TrialState.RUNNING)
+        )
         jobs = s.scalars(
             select(Job).where(
-                or_(Job.status == JobStatus.RUNNING, Job.id.in_(open_runs)),
+                or_(
+                    Job.status == JobStatus.RUNNING,
+                    Job.id.in_(open_runs),
+                    Job.study_name.in_(left_running),
+                ),
             )
         ).all()
         return [j for j in jobs if j.spec.get("cluster") == cluster]

@@ -141,6 +141,7 @@ class Runner(TrialOutcomes):
         self.jobs: dict[str, ActiveJob] = {}
         self.errors: collections.Counter[str] = collections.Counter()
         self.backlog: list[tuple[Flight, Any]] = []  # results the database has not taken yet
+        self._unrecorded = []
         self.parent = os.getppid() if watch_parent else None
         self._listed: tuple[list[Job], set[str]] | None = None  # active jobs, cancelled ids
         self._listed_at = 0.0
@@ -315,6 +316,7 @@ class Runner(TrialOutcomes):
                 if is_database_outage(exc) or isinstance(exc, LeaseLost):
                     raise
                 self._job_error(job.id, exc, fatal=isinstance(exc, JobBroken))
+        self._record_asked()
         return bool(jobs)
 
     def _schedule_job(self, job: Job) -> None:
@@ -486,35 +488,39 @@ class Runner(TrialOutcomes):
         self.jobs.pop(job_id, None)
 
     def _ask(self, job_id: str, active: ActiveJob) -> Flight | None:
-        """Ask the study for a trial, price it, and launch it (or tell why not). The run row
-        is written before the ask, so a runner that dies in between leaves a trace that the
-        next runner's recovery follows (`trial_number` -1 until the ask returns)."""
+        """Ask the study for a trial, price it, and launch it (or tell why not). Its
+        attributes and run row (with its number and parameters) are written with those of
+        every trial asked in the same pass, at its end (`_record_asked`): a runner that dies
+        before leaves a trial RUNNING, which the next runner's recovery re-enqueues as any
+        other (`nas_service.recovery`); a candidate never trained (infeasible, over a
+        constraint) has no run row."""
         spec, study = active.spec, active.study
-        run_id = self._new_run(job_id, -1, {}, attempt=1)
         trial = study.ask()
         try:
             params = suggest(trial, spec)
-            self._update_run(run_id, trial.number, params)
             priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
             arch = {ATTR_ARCH: priced.arch_dict} if priced.arch_dict is not None else {}
-            set_user_attrs(study, trial, arch | {ATTR_COSTS: priced.metrics})
+            attrs = arch | {ATTR_COSTS: priced.metrics}
             if priced.outcome != "train":  # infeasible or over a constraint: never trained
+                set_user_attrs(study, trial, attrs)
                 outcome = TrialOutcome(priced.outcome)
                 self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)
-                self._drop_run(run_id)  # never trained: no attempt to record
                 return None
             settings = tune_settings(spec, params)
             first = first_rung(spec, trial.number)  # its Hyperband bracket's (0 without)
             flight = Flight(
-                job_id, spec, study, trial, priced, run_id, settings, rung=first, first=first
+                job_id, spec, study, trial, priced, -1, settings, rung=first, first=first
             )
             self._launch(flight)
+            # its attributes and run row written at the end of the pass (`_record_asked`)
+            self._unrecorded.append((flight, attrs))
         except Exception as exc:
             if is_database_outage(exc):
                 raise
             reason = f"the runner could not start this trial: {describe(exc)}"
             self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
-            self._update_run(run_id, trial.number)
+            # the failure shows in the job's runs too
+            run_id = self._new_run(job_id, trial.number, dict(trial.params), attempt=1)
             self._close_run(run_id, RunState.FAILED, reason)
             self._event(job_id, EventKind.TRIAL_FAILED, f"trial {trial.number}: {reason}")
             self._job_error(job_id, exc)
@@ -523,6 +529,7 @@ class Runner(TrialOutcomes):
         return flight
 
     def _poll(self, timeout_s: float) -> None:
+        self._record_asked()
         ready = self.backend.wait([f.gen for f in self.flights], timeout_s)
         ready_ids = {id(g) for g in ready}
         for flight in [f for f in self.flights if id(f.gen) in ready_ids]:

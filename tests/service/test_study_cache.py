@@ -72,6 +72,11 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
             trial.set_user_attr(f"k{step % 3}", {"step": step})
             storage.set_trial_user_attrs(trial._trial_id, {"a": step, "b": [step]})
             storage.set_trial_system_attr(trial._trial_id, "sys", step)
+            # several running trials' attributes (and pending parameters) in one transaction
+            some = rng.sample(running, min(len(running), 3))
+            storage.set_many_user_attrs(
+                [(t._trial_id, {"many": step, "n": t.number}) for t in some]
+            )
             by_number = {t.number: t for t in _fresh(url, "s")}
             assert _summary([storage.get_trial(trial._trial_id)]) == _summary(
                 [by_number[trial.number]]
@@ -255,3 +260,17 @@ def test_a_bulk_requeue_is_all_or_nothing(tmp_path: Path) -> None:
         )
     assert _summary(_fresh(url, "s")) == before
     assert _summary(study.get_trials(deepcopy=False)) == before
+
+
+def test_many_trials_attributes_are_refused_together_for_a_finished_one(tmp_path: Path) -> None:
+    """`set_many_user_attrs` checks every trial's state as the database checks one: a
+    finished one refuses the whole write, and the cache re-reads what it touched."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    running = [study.ask() for _ in range(3)]
+    study.tell(running[1], 1.0)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_many_user_attrs([(t._trial_id, {"k": 1}) for t in running])
+    assert all("k" not in t.user_attrs for t in _fresh(url, "s"))
+    assert _summary(study.get_trials(deepcopy=False)) == _summary(_fresh(url, "s"))
