@@ -297,15 +297,14 @@ class OwnedTrials(_CachedStorage):
             for key, value in attrs.items()
         ]
 
-        model = models.TrialUserAttributeModel
-        bulk = _upsert(backend.engine.name, model)
+        dialect = backend.engine.name
         with self._lock:
             params = len(self._pending.get(trial_id, ()))
 
         def write() -> None:
             with _create_scoped_session(backend.scoped_session, True) as session:
                 self._write_params(session, trial_id)  # the suggested parameters first
-                if bulk is None or len(rows) < 2:
+                if not _can_upsert(dialect) or len(rows) < 2:
                     for key, value in attrs.items():
                         backend._set_trial_attr_without_commit(
                             session, models.TrialUserAttributeModel, trial_id, key, value
@@ -313,13 +312,7 @@ class OwnedTrials(_CachedStorage):
                     return
                 trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
                 backend.check_trial_is_updatable(trial_id, cast(TrialState, trial.state))
-                insert = bulk.values(rows)
-                session.execute(
-                    insert.on_conflict_do_update(
-                        index_elements=[model.trial_id, model.key],
-                        set_={"value_json": insert.excluded.value_json},
-                    )
-                )
+                session.execute(_attrs_upsert(dialect, rows))
 
         self._write(trial_id, write, _user_attrs=dict(attrs))
         self._written_params(trial_id, params)
@@ -331,9 +324,7 @@ class OwnedTrials(_CachedStorage):
         trials it asked in one pass of its loop so (a thousand at a restart, while the
         workers wait for their trials); elsewhere a trial at a time."""
         backend = self._backend
-        model = models.TrialUserAttributeModel
-        bulk = _upsert(backend.engine.name, model)
-        if bulk is None or len(items) < 2:
+        if not _can_upsert(backend.engine.name) or len(items) < 2:
             for trial_id, attrs in items:
                 self.set_trial_user_attrs(trial_id, attrs)
             return
@@ -363,13 +354,7 @@ class OwnedTrials(_CachedStorage):
                     state = states[trial_id]
                     state = state if isinstance(state, TrialState) else TrialState[state]
                     backend.check_trial_is_updatable(trial_id, state)
-                upsert = bulk.values(rows)
-                session.execute(
-                    upsert.on_conflict_do_update(
-                        index_elements=[model.trial_id, model.key],
-                        set_={"value_json": upsert.excluded.value_json},
-                    )
-                )
+                session.execute(_attrs_upsert(backend.engine.name, rows))
         except BaseException:
             with self._lock:
                 self._written.update(ids)
@@ -414,8 +399,7 @@ class OwnedTrials(_CachedStorage):
             with backend.engine.begin() as conn:
                 new = insert_trials(conn, study_id, templates)
                 if rows:
-                    upsert = _upsert(backend.engine.name, model)
-                    if upsert is None:  # no multi-row upsert here: the old rows replaced
+                    if not _can_upsert(backend.engine.name):  # the old rows replaced
                         attr_t = model.__table__
                         conn.execute(
                             attr_t.delete().where(
@@ -425,13 +409,7 @@ class OwnedTrials(_CachedStorage):
                         )
                         conn.execute(attr_t.insert(), rows)
                     else:
-                        statement = upsert.values(rows)
-                        conn.execute(
-                            statement.on_conflict_do_update(
-                                index_elements=[model.trial_id, model.key],
-                                set_={"value_json": statement.excluded.value_json},
-                            )
-                        )
+                        conn.execute(_attrs_upsert(backend.engine.name, rows))
                 if ids:
                     now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
                     failed = conn.execute(
@@ -558,14 +536,23 @@ class OwnedTrials(_CachedStorage):
                 study.unfinished_trial_ids.discard(trial._trial_id)
 
 
-def _upsert(dialect: str, model: Any) -> Any:
-    """The dialect's INSERT into `model`'s table with ON CONFLICT (PostgreSQL; SQLite from
-    3.24), or None."""
-    if dialect == "postgresql":
-        return postgresql.insert(model)
-    if dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0):
-        return sqlite.insert(model)
-    return None
+def _can_upsert(dialect: str) -> bool:
+    """Whether the dialect has INSERT … ON CONFLICT (PostgreSQL; SQLite from 3.24)."""
+    return dialect == "postgresql" or (
+        dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)
+    )
+
+
+def _attrs_upsert(dialect: str, rows: list[dict[str, Any]]) -> Any:
+    """User-attribute rows (trial_id, key, value_json) written as one multi-row INSERT …
+    ON CONFLICT (trial, key) DO UPDATE, as Optuna's storage upserts one (`_can_upsert`)."""
+    model = models.TrialUserAttributeModel
+    insert = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
+    statement = insert.values(rows)
+    return statement.on_conflict_do_update(
+        index_elements=[model.trial_id, model.key],
+        set_={"value_json": statement.excluded.value_json},
+    )
 
 
 def set_user_attrs(
