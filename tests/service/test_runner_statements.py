@@ -31,7 +31,7 @@ from nas_service.jobs import submit
 from nas_service.landscape import load_landscape
 from nas_service.recovery import ATTR_RETRY_OF
 from nas_service.runner import JOB_LIST_REFRESH_S, Runner
-from nas_service.search import ATTR_LOST
+from nas_service.search import ATTR_COSTS, ATTR_LOST
 from nas_service.simulated import SimulatedBackend
 from tests.service.jobkit import counted, setup, study_of
 from workers.contract import TrainResult
@@ -198,3 +198,36 @@ def test_a_runner_killed_before_a_trials_run_row_leaves_it_to_recovery(
     assert no_row[0] in {t.number for t in lost}
     retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in trials]
     assert sorted(n for n in retries if n is not None) == sorted(t.number for t in lost)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect, left open: after a refused batch the one-at-a-time fallback writes "
+    "no attributes although it raises nothing (Optuna's scoped session after the rollback)",
+)
+def test_a_refused_batch_still_records_the_other_trials(tmp_path: Path) -> None:
+    """The trials asked in one pass are recorded together at its end; should that write be
+    refused (here one trial was finished by another writer meanwhile), the others are
+    still recorded, one at a time, with their run rows and attributes, and nothing is left
+    unrecorded."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    settings, Session = setup(url, max_concurrent_trials=64)
+    job = submit(Session, settings, job_spec())
+    runner = Runner(settings, backend=SimulatedBackend(LANDSCAPE, workers=WORKERS))
+    active = runner._job(job)
+    flights = [runner._ask(job.id, active) for _ in range(3)]
+    assert all(f is not None for f in flights) and len(runner._unrecorded) == 3
+    finished = flights[1]
+    assert finished is not None
+    optuna_storage_of = study_of(url, job)._storage
+    optuna_storage_of.set_trial_state_values(finished.trial._trial_id, optuna.trial.TrialState.FAIL)
+    runner._record_asked()
+    assert runner._unrecorded == []
+    kept = [f for f in flights if f is not finished]
+    assert all(f is not None and f in runner.flights and f.run_id > 0 for f in kept)
+    with Session() as s:
+        rows = set(s.scalars(select(TrialRun.trial_number).where(TrialRun.job_id == job.id)))
+    assert {f.trial.number for f in kept if f is not None} <= rows
+    fresh = {t.number: t for t in study_of(url, job).get_trials()}
+    for f in kept:
+        assert f is not None and ATTR_COSTS in fresh[f.trial.number].user_attrs
