@@ -34,9 +34,10 @@ The vocabulary needs no divisibility: Megatron-LM pads the embedding to a multip
 Each admitted layout is priced with the cost model's own formulas, through their current
 signatures: memory per device `memory.training_memory(...).total_bytes`, the roofline step
 time `timing.train_step_time(...).total_s` for the whole global batch, and the bytes that
-step sends over the links, `comm_s × link_bandwidth` (tensor-parallel all-reduces, pipeline
-traffic with cross-stage caching, the data-parallel gradient all-reduce, as `timing` counts
-them). The best layout is the fastest whose memory is at most the cap; among equal times the
+step sends over the networks, `comm_bytes` (tensor-parallel all-reduces, pipeline traffic
+with cross-stage caching, the data-parallel gradient all-reduce, as `timing` counts and
+places them: each group on the network it spans, inside a node or between nodes). The best
+layout is the fastest whose memory is at most the cap; among equal times the
 one with less memory, then the first in the space's order (t, p, v, d, b ascending; recompute
 none, selective, full; without sequence parallelism first).
 
@@ -349,7 +350,7 @@ def _price(cfg: _Derived, layout: Layout, workload: Workload, hw: Hardware) -> t
     wl, par = layout.workload(workload), layout.parallelism()
     memory = training_memory(cfg, wl, par).total_bytes
     step = train_step_time(cfg, wl, par, hw)
-    return step.total_s, memory, step.comm_s * hw.link_bandwidth
+    return step.total_s, memory, step.comm_bytes
 
 
 def search_layout(
@@ -478,7 +479,7 @@ def search_layout_grid(
             sub = _take(sub, np.flatnonzero(fits))
         step = train_step_time(sub, wl, par, hw)
         time_s = np.broadcast_to(np.asarray(step.total_s, dtype=np.float64), idx.shape)
-        comm = np.broadcast_to(np.asarray(step.comm_s * hw.link_bandwidth), idx.shape)
+        comm = np.broadcast_to(np.asarray(step.comm_bytes), idx.shape)
         held_t, held_m = best_time[idx], best_memory[idx]
         better = (time_s < held_t) | ((time_s == held_t) & (memory < held_m))
         win = idx[better]

@@ -85,6 +85,8 @@ class CostReport:
     step_time: RooflineTime
     decode_time: RooflineTime
     hardware: str
+    utilisation: dict[str, Any]  # MFU and HFU against the datasheet peak (`_utilisation`)
+    device: dict[str, Any]  # the hardware: datasheet peaks beside the achievable figures
 
     def metrics(self) -> dict[str, Any]:
         """The flat, named metrics of `METRICS`."""
@@ -136,6 +138,8 @@ class CostReport:
                 "step_time": self.step_time.as_dict(),
                 "decode_time": self.decode_time.as_dict(),
                 "hardware": self.hardware,
+                "device": self.device,
+                "utilisation": self.utilisation,
                 "metrics": self.metrics(),
             }
         )
@@ -152,17 +156,47 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _utilisation(
+    cfg: _Derived,
+    workload: Workload,
+    parallel: Parallelism,
+    hw: Hardware,
+    model_per_token: Any,
+    hardware_per_token: Any,
+    step: RooflineTime,
+) -> dict[str, Any]:
+    """MFU and HFU of the priced step against the datasheet peak (not the derated one, as
+    PaLM §4 and Korthikanti et al. 2022 define them): the FLOPs one device does per step,
+    model FLOPs (no recomputation) or hardware FLOPs (with it), per second of the step,
+    over the peak. Each data-parallel rank trains s·b·m tokens per step, its t·p devices
+    sharing them."""
+    s = workload.seq_len or cfg.seq_len
+    tokens = s * workload.micro_batch * workload.microbatches
+    per_device = tokens / (parallel.tensor * parallel.pipeline)
+    peak = hw.peak(cfg.dtype)
+    model_rate = model_per_token * per_device / step.total_s
+    hardware_rate = hardware_per_token * per_device / step.total_s
+    return {
+        "model_flops_per_s_per_device": model_rate,
+        "hardware_flops_per_s_per_device": hardware_rate,
+        "datasheet_peak_flops": peak,
+        "achievable_flops": hw.achievable(cfg.dtype),
+        "mfu": model_rate / peak,
+        "hfu": hardware_rate / peak,
+    }
+
+
 def _report(cfg: _Derived, workload: Workload, parallel: Parallelism, hw: Hardware) -> CostReport:
     s = workload.seq_len or cfg.seq_len
     check_positions(cfg, "seq_len", s)  # before the prefill and decode lengths default to it
     fwd = forward_flops_per_token(cfg, attended=s)
+    hardware_per_token = training_flops_per_token(cfg, attended=s, recompute=workload.recompute)
+    step = train_step_time(cfg, workload, parallel, hw)
     return CostReport(
         params=param_count(cfg),
         forward_flops=fwd,
         train_flops_per_token=3 * fwd.total_flops,
-        train_hardware_flops_per_token=training_flops_per_token(
-            cfg, attended=s, recompute=workload.recompute
-        ),
+        train_hardware_flops_per_token=hardware_per_token,
         prefill_flops=prefill_flops(cfg, workload.prefill_tokens or s),
         decode_flops_per_token=forward_flops_per_token(
             cfg, attended=workload.decode_context or s
@@ -173,9 +207,13 @@ def _report(cfg: _Derived, workload: Workload, parallel: Parallelism, hw: Hardwa
         tp_bytes_per_step=tensor_parallel_bytes_per_step(cfg, parallel, workload),
         dp_bytes_per_step=data_parallel_bytes_per_step(cfg, parallel),
         residual_io=residual_io(cfg),
-        step_time=train_step_time(cfg, workload, parallel, hw),
+        step_time=step,
         decode_time=decode_token_time(cfg, workload, parallel, hw),
         hardware=hw.name,
+        utilisation=_utilisation(
+            cfg, workload, parallel, hw, 3 * fwd.total_flops, hardware_per_token, step
+        ),
+        device=hw.as_dict(cfg.dtype),
     )
 
 

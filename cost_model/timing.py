@@ -55,8 +55,14 @@ def train_step_time(
     written once and read once (`memory.microbatch_activation_bytes_by_stage`), and the
     residual-path I/O (`io.residual_io`) of its 2·L_b/P sublayers for forward and backward (3×).
     Communication: tensor-parallel all-reduces, pipeline traffic with cross-stage caching (1/P
-    of the step's), the data-parallel all-reduce of the stage's gradients. Bubble: interleaved
-    1F1B, (P − 1)/(V·m) of the busy time.
+    of the step's, and 1/t of it per tensor rank: Narayanan et al. 2021 §4.1's scatter/gather,
+    each rank of a stage sending its share), the data-parallel all-reduce of the stage's
+    gradients, each on the network its group spans (`Hardware.network_for`), ranks placed
+    tensor innermost, then data, then pipeline (Megatron-LM's order): a tensor group spans t
+    consecutive ranks, a data-parallel group t·d (stride t), a pipeline t·d·p (stride t·d);
+    each group's bytes over that network's bandwidth, plus its latency per message (ring
+    steps, pipeline sends). Bubble:
+    interleaved 1F1B, (P − 1)/(V·m) of the busy time.
     """
     s = workload.seq_len or cfg.seq_len
     check_positions(cfg, "seq_len", s)
@@ -70,9 +76,25 @@ def train_step_time(
     sublayers_here = cfg.n_sublayers / parallel.pipeline
     io_traffic = 3 * residual_io(cfg).bytes * sublayers_here * tokens
     pp = pipeline_comm(cfg, parallel, workload)
-    shared_comm = (
-        tensor_parallel_bytes_per_step(cfg, parallel, workload)
-        + pp.cached_bytes_per_step / parallel.pipeline
+    t, p, d = parallel.tensor, parallel.pipeline, parallel.data
+    tp_bytes = tensor_parallel_bytes_per_step(cfg, parallel, workload)
+    # each of the t ranks of a stage sends 1/t of the hand-over (Narayanan et al. 2021 §4.1,
+    # scatter/gather; with sequence parallelism the activations are already split so)
+    pp_bytes = pp.cached_bytes_per_step / (p * t)
+    tp_bw, tp_lat = hw.network_for(t)
+    pp_bw, pp_lat = hw.network_for(t * d * p) if p > 1 else (hw.link_bandwidth, 0.0)
+    dp_bw, dp_lat = hw.network_for(t * d)
+    # messages per step and device: 4 ring all-reduces per block and micro-batch of
+    # 2·(t − 1) steps each; a send and a receive of each chunk's hand-over per micro-batch;
+    # 2·(d − 1) steps of the gradient ring
+    tp_messages = 4 * cfg.n_layers / p * workload.microbatches * 2 * (t - 1)
+    pp_messages = 2 * workload.microbatches * (parallel.chunks - 1) / p
+    shared_s = (
+        tp_bytes / tp_bw
+        + tp_messages * tp_lat
+        + pp_bytes / pp_bw
+        + pp_messages * pp_lat
+        + 2 * (d - 1) * dp_lat
     )
     stages = []
     for stage in distinct_stages(parallel.pipeline):  # stages 1 to P − 2 cost the same
@@ -81,14 +103,16 @@ def train_step_time(
             + OPTIMIZER_TRAFFIC_BYTES
         )
         activation_traffic = 2 * activations[stage] * workload.microbatches
+        dp_bytes = data_parallel_bytes_per_step(cfg, parallel, stage)
         stages.append(
             roofline(
                 flops[stage] * tokens,
                 weight_traffic + activation_traffic + io_traffic,
                 hw,
                 cfg.dtype,
-                comm_bytes=shared_comm + data_parallel_bytes_per_step(cfg, parallel, stage),
+                comm_bytes=tp_bytes + pp_bytes + dp_bytes,
                 bubble_fraction=pp.bubble_fraction,
+                comm_s=shared_s + dp_bytes / dp_bw,
             )
         )
     return most_loaded(stages, lambda r: r.total_s)
@@ -118,6 +142,8 @@ def decode_token_time(
     io_traffic = residual_io(cfg).bytes * cfg.n_sublayers / p * batch
     message = batch * cfg.d_model * cfg.dtype_bytes
     comm: Any = 2 * cfg.n_layers / p * allreduce_bytes(message, t)
+    tp_bw, tp_lat = hw.network_for(t)
+    comm_s = comm / tp_bw + 2 * cfg.n_layers / p * 2 * (t - 1) * tp_lat
     counts = stage_param_counts(cfg, parallel)
     stages = []
     for stage in distinct_stages(p):  # stages 1 to P − 2 cost the same
@@ -125,6 +151,13 @@ def decode_token_time(
         flops = body + (fwd.lm_head_flops / t if stage == p - 1 else 0)
         weights = params * cfg.dtype_bytes
         stages.append(
-            roofline(flops * batch, weights + kv + io_traffic, hw, cfg.dtype, comm_bytes=comm)
+            roofline(
+                flops * batch,
+                weights + kv + io_traffic,
+                hw,
+                cfg.dtype,
+                comm_bytes=comm,
+                comm_s=comm_s,
+            )
         )
     return most_loaded(stages, lambda r: r.total_s)

@@ -38,7 +38,7 @@ PARAMS = 105_024
 BLOCK = 49_280
 FORWARD = 217_600
 HEAD = 12_800
-H100 = get_hardware("h100")
+H100 = get_hardware("h100").peak_only()  # the datasheet roofline: fractions 1, no latency
 FP32_PEAK, HBM, LINK = 67e12, 3.35e12, 450e9  # H100 SXM5 datasheet: FLOP/s, bytes/s, bytes/s
 
 # Activations one micro-batch saves (b = 2, s = 16: sb = 32 rows; fp32, e = 4; fused attention,
