@@ -208,18 +208,23 @@ def runs_per_trial(spec: JobSpec) -> int:
 COST_CACHE_SIZE = 4096
 
 
+def _as_hardware(hardware: str | Hardware) -> Hardware:
+    """A preset by name, or a described cluster (`cost.cluster`) as it is."""
+    return hardware if isinstance(hardware, Hardware) else get_hardware(hardware)
+
+
 @functools.lru_cache(maxsize=COST_CACHE_SIZE)
 def _cost_metrics(
     arch: ArchConfig,
     workload: Workload,
     layout: Parallelism,
-    hardware: str,
+    hardware: str | Hardware,
     calibration: StepCalibration | None = None,
 ) -> tuple[tuple[str, float], ...]:
     """Every cost metric of `arch` in a cost context (`cost_model.price`), as immutable
     pairs: the costs depend on the architecture and the context only, never on the budget or
     the training axes. With a calibration, `calibrated_step_time_s` too."""
-    report = price(arch, workload, layout, get_hardware(hardware))
+    report = price(arch, workload, layout, _as_hardware(hardware))
     metrics = {k: float(v) for k, v in report.metrics().items()}
     return tuple((metrics | _calibrated(report, calibration)).items())
 
@@ -245,14 +250,14 @@ def _best_layout_metrics(
     arch: ArchConfig,
     workload: Workload,
     space: LayoutSpace,
-    hardware: str,
+    hardware: str | Hardware,
     memory_cap_bytes: float | None,
     calibration: StepCalibration | None = None,
 ) -> tuple[tuple[tuple[str, float], ...], str]:
     """`cost.layout: auto`: every cost metric of `arch` at its fastest layout of `space`
     (`cost_model.search_layout`) and that layout's `LAYOUT_METRICS`, as immutable pairs, and
     an empty reason; or no pairs and the reason no layout is feasible."""
-    hw = get_hardware(hardware)
+    hw = _as_hardware(hardware)
     found = search_layout(arch, space, workload, hw, memory_cap_bytes)
     if found.best is None:
         return (), found.reason
@@ -267,7 +272,7 @@ def _best_layout_metrics(
 LayoutAnswer = tuple[tuple[tuple[str, float], ...], str]
 #: The cost context of `cost.layout: auto` (`_layout_context`): workload, layout space,
 #: hardware, memory cap, calibration.
-LayoutContext = tuple[Workload, LayoutSpace, str, float | None, StepCalibration | None]
+LayoutContext = tuple[Workload, LayoutSpace, str | Hardware, float | None, StepCalibration | None]
 #: A job's architectures primed at their best layouts (`prime_layouts`).
 Layouts = Mapping[ArchConfig, LayoutAnswer]
 
@@ -287,7 +292,7 @@ def _layout_context(spec: JobSpec) -> LayoutContext:
     return (
         cost.workload(spec.training),
         cost.layout_space(),
-        cost.hardware,
+        cost.hardware_model() if cost.cluster else cost.hardware,
         cost.memory_cap_bytes,
         cost.calibration,
     )
@@ -341,13 +346,13 @@ def _answers(
     archs: list[ArchConfig],
     workload: Workload,
     space: LayoutSpace,
-    hardware: str,
+    hardware: str | Hardware,
     memory_cap_bytes: float | None,
     calibration: StepCalibration | None,
 ) -> dict[ArchConfig, LayoutAnswer]:
     """`_best_layout_metrics` of many architectures: the best layouts at once, then the
     architectures priced together per chosen layout."""
-    hw = get_hardware(hardware)
+    hw = _as_hardware(hardware)
     found = best_layouts(archs, space, workload, hw, memory_cap_bytes)
     answers: dict[ArchConfig, LayoutAnswer] = {}
     by_layout: dict[Layout, list[int]] = {}
@@ -452,7 +457,13 @@ def price_candidate(
         metrics = dict(pairs)
     else:
         metrics = dict(
-            _cost_metrics(arch, workload, layout, spec.cost.hardware, spec.cost.calibration)
+            _cost_metrics(
+                arch,
+                workload,
+                layout,
+                spec.cost.hardware_model() if spec.cost.cluster else spec.cost.hardware,
+                spec.cost.calibration,
+            )
         )
     for constraint in spec.constraints:
         value = metrics[constraint.metric]

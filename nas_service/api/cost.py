@@ -80,6 +80,7 @@ def _auto(arch: ArchConfig, workload: Workload, body: CostRequest, hw: Hardware)
     naming `devices` (no layout divides the architecture) or `memory_cap_bytes` (none fits)."""
     assert body.devices is not None
     try:
+        hw.check_devices(body.devices, "devices")
         space = LayoutSpace(
             devices=body.devices,
             global_batch=body.global_batch or Workload().micro_batch * body.devices,

@@ -34,7 +34,8 @@ HELP: dict[str, str] = {
     "bias": "biases in linear layers and norms",
     "tie_embeddings": "the LM head shares the embedding matrix (--untied: a head of its own)",
     "variant": "residual variant",
-    "block_size": "S in sublayers (block_attnres)",
+    "block_size": "S in sublayers (block_attnres); a Transformer block is two sublayers, so a "
+    "depth block every 12 Transformer layers (K3's and Megatron's count) is 24",
     "mhc_streams": "n streams (mhc_lite; default: 4)",
     "dtype": "compute and activation dtype",
 }
@@ -203,3 +204,86 @@ def arch_values(args: argparse.Namespace) -> dict[str, Any]:
         if f.name not in values:
             raise ArchConfigError(f.name, f"required: give {f.flag} or set it in --arch FILE")
     return values
+
+
+#: The cluster flags of `depthscope cost`: flag → (the `cost_model.Hardware` field it sets,
+#: its type, help). A flag left out keeps the preset's figure.
+CLUSTER_FLAGS: dict[str, tuple[str, type, str]] = {
+    "--devices-per-node": ("devices_per_node", int, "devices per node (DGX presets: 8)"),
+    "--intra-node-bandwidth": (
+        "link_bandwidth",
+        float,
+        "bytes/s per device and direction inside a node (DGX H100: 450e9)",
+    ),
+    "--inter-node-bandwidth": (
+        "inter_node_bandwidth",
+        float,
+        "bytes/s per device and direction between nodes (DGX H100: 50e9)",
+    ),
+    "--intra-node-latency": ("link_latency_s", float, "seconds per message inside a node"),
+    "--inter-node-latency": ("inter_node_latency_s", float, "seconds per message between nodes"),
+    "--compute-efficiency": (
+        "compute_efficiency",
+        float,
+        "achievable fraction of the peak FLOP/s (default: the preset's)",
+    ),
+    "--memory-efficiency": (
+        "memory_efficiency",
+        float,
+        "achievable fraction of the memory bandwidth (default: the preset's)",
+    ),
+}
+
+
+def add_cluster_args(p: argparse.ArgumentParser) -> None:
+    """The flags describing the user's own cluster around the `--hardware` preset's device."""
+    group = p.add_argument_group(
+        "cluster",
+        "your own nodes and networks around the --hardware device (default: the preset's: "
+        "one GPU of a DGX server, 8 per node, NVLink inside, InfiniBand between)",
+    )
+    for flag, (_, kind, text) in CLUSTER_FLAGS.items():
+        parse: Any = _finite if kind is float else int
+        group.add_argument(flag, type=parse, default=None, metavar=kind.__name__.upper(), help=text)
+    group.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="nodes in the cluster: a layout may use at most nodes × devices per node",
+    )
+    group.add_argument(
+        "--peak-only",
+        action="store_true",
+        help="the datasheet roofline: efficiency fractions 1 and no latency",
+    )
+
+
+def cluster_hardware(args: argparse.Namespace) -> Any:
+    """The `--hardware` preset with the cluster flags given (`cost_model.Hardware`); raises
+    `CostInputError` naming the flag of a bad value."""
+    from cost_model import CostInputError, get_hardware
+
+    hw = get_hardware(args.hardware)
+    changes = {
+        field: getattr(args, flag[2:].replace("-", "_"))
+        for flag, (field, _, _) in CLUSTER_FLAGS.items()
+        if getattr(args, flag[2:].replace("-", "_"), None) is not None
+    }
+    if changes:
+        changes["name"] = f"{hw.name} (own cluster)"
+        if {"compute_efficiency", "memory_efficiency"} & changes.keys():
+            changes["efficiency_source"] = "given on the command line"
+        try:
+            hw = hw.replace(**changes)
+        except CostInputError as exc:
+            flag = next((f for f, (name, _, _) in CLUSTER_FLAGS.items() if name == exc.field), None)
+            raise CostInputError(flag or exc.field, exc.reason) from None
+    if getattr(args, "peak_only", False):
+        hw = hw.peak_only()
+    nodes = getattr(args, "nodes", None)
+    if nodes is not None:
+        if nodes < 1:
+            raise CostInputError("--nodes", f"must be positive, got {nodes}")
+        if hw.devices_per_node is None:
+            raise CostInputError("--nodes", f"{hw.name} has no nodes: give --devices-per-node")
+    return hw

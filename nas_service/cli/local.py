@@ -10,7 +10,7 @@ import math
 import sys
 from typing import Any
 
-from nas_service.cli.arch import add_arch_args, arch_values
+from nas_service.cli.arch import add_arch_args, add_cluster_args, arch_values, cluster_hardware
 
 
 def _add_cost_parser(sub: Any, arch: bool) -> None:
@@ -36,7 +36,11 @@ def _add_cost_parser(sub: Any, arch: bool) -> None:
     par.add_argument("--vpp", type=int, default=1, help="virtual stages per rank V")
     par.add_argument("--dp", type=int, default=1, help="data-parallel ranks")
     par.add_argument("--sequence-parallel", action="store_true")
-    par.add_argument("--hardware", default="h100", help="a100 | h100 | h200 | cpu")
+    par.add_argument(
+        "--hardware",
+        default="h100",
+        help="a100 | h100 | h200 (one GPU of a DGX server; dgx-a100 … name the same) | cpu",
+    )
     auto = p.add_argument_group(
         "layout search (--layout auto)",
         "the fastest layout of tensor, pipeline, virtual stages, data, micro-batch, "
@@ -66,6 +70,7 @@ def _add_cost_parser(sub: Any, arch: bool) -> None:
     auto.add_argument(
         "--all-layouts", action="store_true", help="also list every feasible layout, fastest first"
     )
+    add_cluster_args(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_cmd_cost)
 
@@ -217,8 +222,15 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         for name, owner in owners.items():
             if fields[name] is not None and not set(variants) & set(owner):
                 raise CostInputError(name, f"only {', '.join(owner)} has {what[name]}")
+        hardware = cluster_hardware(args)
+        total = args.nodes * hardware.devices_per_node if args.nodes else None
+        if total is not None and args.tp > total:
+            raise CostInputError("--tp", f"{args.tp} ranks, more than the cluster's {total}")
         space = None
         if args.layout == "auto":
+            hardware.check_devices(args.devices, "--devices")
+            if total is not None and args.devices > total:
+                raise CostInputError("--devices", f"more than the cluster's {total} devices")
             space = LayoutSpace(
                 devices=args.devices,
                 global_batch=args.global_batch or Workload().micro_batch * args.devices,
@@ -229,10 +241,10 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             own = {k: fields[k] if variant in owner else None for k, owner in owners.items()}
             cfg = ArchConfig(**(fields | own | {"variant": variant}))
             if space is None:
-                reports[variant] = (cfg, price(cfg, workload, parallel, args.hardware))
+                reports[variant] = (cfg, price(cfg, workload, parallel, hardware))
                 continue
             found = search_layout(
-                cfg, space, workload, args.hardware, args.memory_cap, keep=len(space.layouts())
+                cfg, space, workload, hardware, args.memory_cap, keep=len(space.layouts())
             )
             if found.best is None:
                 field = "--memory-cap" if found.divisible else "--devices"
@@ -241,7 +253,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
             searches[variant] = found
             reports[variant] = (
                 cfg,
-                price(cfg, best.workload(workload), best.parallelism(), args.hardware),
+                price(cfg, best.workload(workload), best.parallelism(), hardware),
             )
     except CostInputError as exc:
         print(f"depthscope cost: error: {exc}", file=sys.stderr)
@@ -268,6 +280,7 @@ def _cmd_cost(args: argparse.Namespace) -> int:
         f"vocab={first.vocab_size} seq={first.seq_len} dtype={first.dtype} "
         f"hardware={args.hardware} {where}"
     )
+    print(_hardware_text(hardware, first.dtype))
     for variant, found in searches.items():
         _print_search(variant, found, args.all_layouts)
     names = list(reports)
@@ -277,7 +290,28 @@ def _cmd_cost(args: argparse.Namespace) -> int:
     for metric, (unit, _) in METRICS.items():
         cells = "".join(f"{_human(columns[n][metric], unit):>{width}}" for n in names)
         print(f"{metric:32}" + cells)
+    for key in ("mfu", "hfu"):  # against the datasheet peak
+        values = {n: r.utilisation[key] for n, (_, r) in reports.items()}
+        print(
+            f"{key + ' (of datasheet peak)':32}"
+            + "".join(f"{values[n]:>{width}.1%}" for n in names)
+        )
     return 0
+
+
+def _hardware_text(hw: Any, dtype: str) -> str:
+    """The device's datasheet peak beside the achievable one, and its nodes and networks."""
+    nets = ", ".join(
+        f"{n.name} {n.bandwidth / 1e9:.4g} GB/s {n.latency_s * 1e6:.3g} µs" for n in hw.networks()
+    )
+    per_node = f"{hw.devices_per_node} per node" if hw.devices_per_node else "one network"
+    return (
+        f"{hw.name}: {dtype} peak {_human(hw.peak(dtype), 'FLOPs')}/s datasheet, "
+        f"{_human(hw.achievable(dtype), 'FLOPs')}/s achievable ({hw.compute_efficiency:.2f}); "
+        f"memory {hw.memory_bandwidth / 1e9:.4g} GB/s datasheet, "
+        f"{hw.achievable_bandwidth / 1e9:.4g} GB/s achievable ({hw.memory_efficiency:.2f}); "
+        f"{per_node}: {nets}. Fractions: {hw.efficiency_source}"
+    )
 
 
 def _layout_text(lay: Any) -> str:

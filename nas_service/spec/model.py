@@ -28,11 +28,13 @@ from cost_model import (
     METRICS,
     VARIANTS,
     CostInputError,
+    Hardware,
     LayoutSpace,
     Parallelism,
     Workload,
     get_hardware,
 )
+from cost_model.hardware import MAX_DEVICES_PER_NODE
 from cost_model.residuals import BLOCK_SIZED, DEPTH_MIXED
 from workers.contract import Schedule
 
@@ -637,8 +639,57 @@ class StepCalibration(_Strict):
         return self
 
 
+#: Ceilings of a described cluster's networks: bytes/s per device and direction (1 PB/s), and
+#: seconds per message.
+MAX_BANDWIDTH = 1e15
+MAX_LATENCY_S = 1.0
+
+
+class Cluster(_Strict):
+    """A user's own cluster of the `hardware` preset's devices (its peaks, memory and
+    efficiency fractions): `devices_per_node` devices per node joined by a network of
+    `intra_node_bandwidth` bytes/s per device and direction (and `intra_node_latency_s` per
+    message), nodes joined by one of `inter_node_bandwidth` (`inter_node_latency_s`);
+    optionally `nodes` (the devices a layout may use: nodes × devices_per_node) and the
+    achievable fractions of peak compute and memory bandwidth (default: the preset's)."""
+
+    devices_per_node: int = Field(ge=1, le=MAX_DEVICES_PER_NODE)
+    intra_node_bandwidth: float = Field(gt=0, le=MAX_BANDWIDTH)
+    inter_node_bandwidth: float = Field(gt=0, le=MAX_BANDWIDTH)
+    intra_node_latency_s: float = Field(default=0.0, ge=0, le=MAX_LATENCY_S)
+    inter_node_latency_s: float = Field(default=0.0, ge=0, le=MAX_LATENCY_S)
+    nodes: int | None = Field(default=None, ge=1, le=MAX_DEVICES)
+    compute_efficiency: float | None = Field(default=None, gt=0, le=1)
+    memory_efficiency: float | None = Field(default=None, gt=0, le=1)
+
+    @property
+    def devices(self) -> int | None:
+        return None if self.nodes is None else self.nodes * self.devices_per_node
+
+    def hardware(self, preset: Hardware) -> Hardware:
+        """The preset's device in this cluster."""
+        changes: dict[str, Any] = {
+            "name": f"{preset.name} (own cluster)",
+            "devices_per_node": self.devices_per_node,
+            "link_bandwidth": self.intra_node_bandwidth,
+            "inter_node_bandwidth": self.inter_node_bandwidth,
+            "link_latency_s": self.intra_node_latency_s,
+            "inter_node_latency_s": self.inter_node_latency_s,
+        }
+        for name in ("compute_efficiency", "memory_efficiency"):
+            if getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+                changes["efficiency_source"] = "given with the cluster"
+        return preset.replace(**changes)
+
+
 class CostContext(_Strict):
     """The workload, layout and hardware the cost metrics are computed for.
+
+    `hardware` names a preset (one GPU of a DGX server, or the CPU); `cluster` describes the
+    user's own nodes and networks around that device (`Cluster`). With `layout: auto`, the
+    node size must divide `devices` (or `devices` one node), and `devices` must fit the
+    cluster's `nodes`; with `layout: fixed`, tensor × pipeline ranks must.
 
     `layout: fixed` (the default): the layout given by `tensor`, `pipeline`, `virtual`,
     `micro_batch`, `microbatches` and `recompute`. `layout: auto`: each candidate at its
@@ -664,6 +715,33 @@ class CostContext(_Strict):
     memory_cap_bytes: float | None = Field(default=None, gt=0, le=MAX_MEMORY_CAP_BYTES)
     max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
     calibration: StepCalibration | None = None
+    cluster: Cluster | None = None
+
+    def hardware_model(self) -> Hardware:
+        """The preset, in the user's cluster when one is described."""
+        preset = get_hardware(self.hardware)
+        return preset if self.cluster is None else self.cluster.hardware(preset)
+
+    @model_validator(mode="after")
+    def _fits_the_cluster(self) -> CostContext:
+        """The devices a layout uses fit the nodes: a device count the node size divides
+        (or one that divides a node), within the cluster's devices when it gives `nodes`."""
+        hw = self.hardware_model()
+        where = ("cluster", "devices_per_node") if self.cluster else ("devices",)
+        total = self.cluster.devices if self.cluster else None
+        if self.layout == "auto" and self.devices is not None:
+            try:
+                hw.check_devices(self.devices, "devices")
+            except CostInputError as exc:
+                _refuse([(where, exc.reason)])
+            if total is not None and self.devices > total:
+                _refuse([(("devices",), f"more than the cluster's {total} devices")])
+        if self.layout == "fixed" and total is not None:
+            if self.tensor > total:
+                _refuse([(("tensor",), f"{self.tensor} ranks, more than the cluster's {total}")])
+            if self.tensor * self.pipeline > total:
+                _refuse([(("pipeline",), f"tensor × pipeline ranks exceed the cluster's {total}")])
+        return self
 
     @model_validator(mode="after")
     def _layout_fields(self) -> CostContext:
