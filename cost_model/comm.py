@@ -37,6 +37,8 @@ class PipelineComm:
     naive_bytes_per_step: Any
     cached_bytes_per_step: Any
     bubble_fraction: float
+    first_boundary_sources: Any = 0  # d-vectors per token crossing the first stage boundary
+    first_boundary_bytes_per_microbatch: Any = 0  # those for one micro-batch, one direction
 
     def as_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -62,6 +64,16 @@ def pipeline_bubble_fraction(stages: int, virtual: int, microbatches: int) -> fl
     return (stages - 1) / (virtual * microbatches)
 
 
+def boundary_sources(cfg: _Derived, blocks_before: Any) -> Any:
+    """d-vectors per token that cross a stage boundary after `blocks_before` Transformer
+    blocks, counted exactly (not averaged over chunks), as the variant says
+    (`Residual.boundary_sources`): the standard residual's hidden state, mHC-lite's n
+    streams; Block AttnRes's embedding, finished blocks and the partial sum of a block the
+    boundary cuts; Full AttnRes's embedding and every sublayer output; DenseFormer's embedding
+    and every block output."""
+    return residual_of(cfg).boundary_sources(cfg, blocks_before)
+
+
 def pipeline_comm(
     cfg: _Derived, parallel: Parallelism, workload: Workload | None = None
 ) -> PipelineComm:
@@ -85,6 +97,8 @@ def pipeline_comm(
     s = workload.seq_len or cfg.seq_len
     tokens_per_step = s * workload.micro_batch * workload.microbatches
     both_directions = 2  # activations forward, their gradients backward
+    first = boundary_sources(cfg, cfg.n_layers // c) if c > 1 else 0 * cfg.n_layers
+    microbatch_tokens = s * workload.micro_batch
     return PipelineComm(
         transitions=c - 1,
         naive_bytes_per_token=naive * d * e,
@@ -94,6 +108,8 @@ def pipeline_comm(
         naive_bytes_per_step=both_directions * tokens_per_step * naive * d * e,
         cached_bytes_per_step=both_directions * tokens_per_step * cached * d * e,
         bubble_fraction=pipeline_bubble_fraction(p, v, workload.microbatches),
+        first_boundary_sources=first,
+        first_boundary_bytes_per_microbatch=first * microbatch_tokens * d * e,
     )
 
 

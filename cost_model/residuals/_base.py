@@ -115,6 +115,11 @@ class Residual(ABC):
         "naive"); `schedule_block` overrides a two-phase schedule's block (None: default)."""
 
     @abstractmethod
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """d-vectors per token that cross a pipeline boundary after `blocks_before`
+        Transformer blocks, counted exactly: what any later sublayer still reads."""
+
+    @abstractmethod
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """What crosses a pipeline transition when the L_b blocks are split over `chunks`
         chunks: depth representations (read by later chunks) and/or a carried state."""

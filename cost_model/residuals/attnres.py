@@ -124,6 +124,11 @@ class AttnRes(Residual):
     def _two_phase_io(self, cfg: _Derived, schedule_block: Any) -> Any:
         """The d-multiple of the variant's two-phase kernel."""
 
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """The embedding and every sublayer output so far: 1 + 2·blocks_before (Full AttnRes
+        and its ablations; Block AttnRes overrides)."""
+        return 1 + 2 * blocks_before
+
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """Every chunk sends its N_p depth representations on to the later chunks (naive or
         with cross-stage caching, Attention Residuals §4); no carried state."""
@@ -218,6 +223,14 @@ class BlockAttnRes(AttnRes):
         """Σ_j (1 + n_j + [i_j ≥ 2]) = L + Σ_j floor(j/S) + (L − N), O(L·N)."""
         sub = cfg.n_sublayers
         return sub + _floor_sum(sub, cfg.block_size) + (sub - cfg.n_blocks)
+
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """After m = 2·blocks_before sublayers: the embedding, the floor(m/S) finished blocks
+        and, when the boundary cuts a block (m mod S ≠ 0), its partial sum: a block every 12
+        Transformer blocks (S = 24) cut after fewer than 12 carries 1 + 1."""
+        m = 2 * blocks_before
+        s = cfg.block_size
+        return 1 + m // s + (m % s > 0) * 1
 
     def _partials(self, cfg: _Derived) -> Any:
         """The L − N sublayers that are not first in their block use the running partial."""

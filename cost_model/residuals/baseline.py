@@ -45,6 +45,10 @@ class Baseline(WithoutDepthAttention):
         zero = 0 * cfg.d_model
         return SublayerIO(3 + zero, zero)
 
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """The hidden state: 1."""
+        return 1 + 0 * blocks_before
+
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """One hidden state per transition; caching changes nothing."""
         return PipelinePayload(0 * cfg.n_layers, 1 + 0 * cfg.n_layers)

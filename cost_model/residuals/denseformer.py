@@ -47,6 +47,10 @@ class DenseFormer(WithoutDepthAttention):
         3d + (L_b + 5)/4·d (any schedule)."""
         return SublayerIO(3 + (cfg.n_layers + 5) / 4, 0 * cfg.d_model)
 
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """The embedding and every block output so far: 1 + blocks_before."""
+        return 1 + blocks_before
+
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """Its block outputs, like AttnRes's depth representations (naive or cached)."""
         return PipelinePayload(self.sources_per_stage(cfg, chunks), 0 * cfg.n_layers)

@@ -74,6 +74,10 @@ class MHCLite(WithoutDepthAttention):
         m, zero = cfg.streams, 0 * cfg.d_model
         return SublayerIO(8 * m + 2 + zero, 2 * m * m + 4 * m + zero)
 
+    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+        """Its n streams."""
+        return cfg.streams + 0 * blocks_before
+
     def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
         """Its n streams at every transition; caching changes nothing."""
         return PipelinePayload(0 * cfg.n_layers, cfg.streams + 0 * cfg.n_layers)

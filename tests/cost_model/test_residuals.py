@@ -86,6 +86,7 @@ CALLS: list[tuple[str, tuple[Any, ...]]] = [
     ("sublayer_io", ("two_phase", 3)),
     ("sublayer_io", ("naive", None)),
     ("pipeline_payload", (6,)),
+    ("boundary_sources", (3,)),
 ]
 
 
