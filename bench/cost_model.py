@@ -9,6 +9,12 @@ vectorised search (`search_layout_grid`, the whole grid through each layout) aga
 scalar one (`search_layout`, one candidate at a time) on an evenly spread subset of
 `--scalar-subset` candidates, whose best layouts must agree before anything is timed.
 
+With `--against DIR` (a checkout of another commit, e.g. `git worktree add /tmp/base c911590`),
+the layout search side by side in one run: `--rounds` rounds, each timing this tree's
+search and then the other's (the same code below run in a subprocess that imports the other
+tree's `cost_model`), and the medians per candidate and their ratio. `--layout-only` skips
+the pricing paths.
+
 With `--job N`, a job-shaped measurement: a `cost.layout: auto` job of N candidates (four
 variants, Block AttnRes at S = 2 and 4; depths 1-50, widths multiples of 64, seq_len 2048)
 primed as the runner primes it (`nas_service.search.prime_layouts`: enumerated, searched
@@ -18,22 +24,28 @@ be equal first. `--job-only` skips everything else.
 
     python bench/cost_model.py [--points 10000] [--repeats 5] [--devices 64]
         [--global-batch 512] [--max-virtual 4] [--scalar-subset 20] [--job N] [--job-only]
-        [--json FILE]
+        [--layout-only] [--against DIR --rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# the tree whose `cost_model` is measured: this one, or `--against`'s (set for the subprocess)
+sys.path.insert(
+    0, os.environ.get("DEPTHSCOPE_BENCH_TREE") or str(Path(__file__).resolve().parents[1])
+)
 
 from cost_model import (
     LAYOUT_METRICS,
@@ -71,8 +83,21 @@ def main() -> int:
     parser.add_argument("--scalar-subset", type=int, default=20, help="candidates, scalar path")
     parser.add_argument("--job", type=int, default=0, help="candidates of a primed job")
     parser.add_argument("--job-only", action="store_true", help="only the --job measurement")
+    parser.add_argument("--layout-only", action="store_true", help="only the layout search")
+    parser.add_argument("--against", type=Path, help="another checkout to compare the search to")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the side by side")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if args.against:
+        side = side_by_side(args)
+        if args.json:
+            args.json.write_text(json.dumps({"benchmark": "cost_model", "against": side}, indent=2))
+        return 0
+    if args.layout_only:
+        layout = layout_search(args)
+        if args.json:
+            args.json.write_text(json.dumps({"benchmark": "cost_model", "layout_search": layout}))
+        return 0
     if args.job_only:
         job = job_priming(args)
         if args.json:
@@ -277,6 +302,46 @@ def layout_search(args: argparse.Namespace) -> dict[str, Any]:
         "rows": rows,
         "median_best": metrics if found.found.any() else {},
     }
+
+
+def side_by_side(args: argparse.Namespace) -> dict[str, Any]:
+    """This tree's layout search and `args.against`'s, alternately, `args.rounds` times each;
+    the medians of seconds per candidate (vectorised and scalar paths) and their ratio."""
+    trees = {"this": str(Path(__file__).resolve().parents[1]), "against": str(args.against)}
+    flags = [
+        f"--points={args.points}",
+        f"--devices={args.devices}",
+        f"--global-batch={args.global_batch}",
+        f"--max-virtual={args.max_virtual}",
+        f"--scalar-subset={args.scalar_subset}",
+        "--layout-only",
+    ]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.rounds):
+            for name, tree in trees.items():
+                out = Path(tmp) / f"{name}.json"
+                env = os.environ | {"DEPTHSCOPE_BENCH_TREE": tree}
+                subprocess.run(
+                    [sys.executable, __file__, *flags, f"--json={out}"],
+                    env=env,
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+                rows = json.loads(out.read_text())["layout_search"]["rows"]
+                runs[name].append({r["path"]: r["seconds"] / r["candidates"] for r in rows})
+    result: dict[str, Any] = {"trees": trees, "rounds": args.rounds}
+    print(
+        f"layout search side by side, {args.rounds} alternating rounds: seconds per candidate "
+        f"(median), {args.points} candidates on {args.devices} devices"
+    )
+    print(f"{'path':12} {'this':>12} {'against':>12} {'ratio':>7}")
+    for path in ("vectorised", "scalar"):
+        this = statistics.median(r[path] for r in runs["this"])
+        other = statistics.median(r[path] for r in runs["against"])
+        result[path] = {"this_s": this, "against_s": other, "ratio": this / other}
+        print(f"{path:12} {this * 1e3:10.3f}ms {other * 1e3:10.3f}ms {this / other:6.2f}x")
+    return result
 
 
 if __name__ == "__main__":
