@@ -13,6 +13,11 @@ and c the fixed overhead per step in seconds. The terms add (no overlap assumed)
 "Roofline: an insightful visual performance model" (Williams, Waterman and Patterson, CACM
 2009) read as a time model, whose max() is the perfectly overlapped limit.
 
+The roofline's terms are at the preset's achievable rates (`Hardware.compute_efficiency`,
+`memory_efficiency`; 1 for the CPU, whose peaks are measured): on a GPU preset a and b are
+then relative to those rates, not to the datasheet, and a fit with measurements replaces the
+default fractions (a·compute_s is the measured compute time however compute_s was derated).
+
 The fit: a, b, c ≥ 0 by non-negative least squares (`nnls`, Lawson and Hanson, "Solving Least
 Squares Problems", 1974, ch. 23) of the *relative* residuals, i.e. every row divided by its
 measured time: minimise Σᵢ ((a·Cᵢ + b·Mᵢ + c − tᵢ) / tᵢ)². Steps span orders of magnitude; an
@@ -100,7 +105,7 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 class StepModel:
     """A fitted step-time model: t = a·compute_s + b·memory_s + c (see the module)."""
 
-    compute_factor: float  # a = 1 / achieved fraction of peak FLOP/s
+    compute_factor: float  # a = 1 / achieved fraction of the roofline's FLOP/s
     memory_factor: float  # b = 1 / achieved fraction of memory bandwidth
     overhead_s: float  # c, seconds per step
     rows: int  # rows it was fitted on

@@ -80,6 +80,7 @@ def _search(
     return list(found.feasible)
 
 
+@pytest.mark.slow  # a search of 18k-52k layouts each
 @pytest.mark.parametrize(
     ("layers", "hidden", "heads", "gpus", "batch", "t", "p", "measured"),
     [row[1:] for row in PUBLISHED],
@@ -101,6 +102,7 @@ def test_narayanan_runs(
     assert predicted == pytest.approx(measured, rel=0.15), predicted
 
 
+@pytest.mark.slow  # a search of 18k-52k layouts each
 def test_one_network_puts_tensor_parallelism_across_servers() -> None:
     """The 1008B run on 3,072 GPUs: priced as if NVLink joined every GPU (one network), the
     search spreads tensor parallelism over two servers (t = 16); with the servers' InfiniBand
@@ -112,6 +114,7 @@ def test_one_network_puts_tensor_parallelism_across_servers() -> None:
     assert (pick.tensor, pick.pipeline) == (8, 64)
 
 
+@pytest.mark.slow  # a search of 18k-52k layouts each
 def test_the_compute_fraction_is_the_fit_of_the_other_runs() -> None:
     """The default compute fraction is the mean, over the seven runs of Table 1 the tests do
     not use, of the fraction that reproduces each run's measured time: the published split
@@ -142,6 +145,7 @@ def test_the_compute_fraction_is_the_fit_of_the_other_runs() -> None:
     assert float(np.mean(fractions)) == pytest.approx(GPU_COMPUTE_EFFICIENCY, abs=0.005)
 
 
+@pytest.mark.slow  # a search of 18k-52k layouts each
 def test_llama3_405b_held_out() -> None:
     """Meta, *The Llama 3 Herd of Models* (arXiv 2407.21783), Table 4: Llama 3 405B on H100s
     at s = 8192 and 16M tokens per batch, TP 8 × PP 16 × DP 64 on 8,192 GPUs (43% BF16 MFU) and
