@@ -9,13 +9,17 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 
 from cost_model import ArchConfig, LayoutSpace, Workload, get_hardware, price, search_layout
 from nas_service.search import price_candidate
 from nas_service.spec import SpecError, parse_spec
+from tests.service.apikit import error
 
 CLUSTER = {
     "devices_per_node": 4,
@@ -188,3 +192,31 @@ def test_a_bad_cluster_flag_exits_2_naming_it(args: tuple[str, ...], flag: str) 
     out = run(*base, *args)
     assert out.returncode == 2
     assert flag in out.stderr, out.stderr
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    """The app in process on a fresh SQLite file (no runner, no Ray)."""
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", max_trials=50))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_the_api_refuses_a_bad_cluster_with_a_422_and_stores_nothing(client: TestClient) -> None:
+    arch = {"n_layers": 8, "d_model": 256, "n_heads": 8, "seq_len": 256}
+    auto = {"arch": arch, "layout": "auto", "global_batch": 48, "hardware": "a100"}
+    refused = error(client.post("/v1/cost", json=auto | {"devices": 12}), 422)
+    assert refused["field"] == "devices" and "nodes of 8 devices" in refused["message"]
+    assert client.post("/v1/cost", json=auto | {"devices": 16}).status_code == 200
+    bad = _with({**JOB["cost"], "cluster": _cluster(devices_per_node=3)})
+    refused = error(client.post("/v1/jobs", json=bad), 422)
+    assert refused["field"] == "cost.cluster.devices_per_node"
+    bad = _with({**JOB["cost"], "cluster": _cluster(inter_node_bandwidth=-1.0)})
+    assert error(client.post("/v1/jobs", json=bad), 422)["field"] == (
+        "cost.cluster.inter_node_bandwidth"
+    )
+    assert client.get("/v1/jobs").json()["total"] == 0
+    assert client.post("/v1/jobs", json=JOB).status_code == 201
