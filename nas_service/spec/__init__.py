@@ -34,7 +34,9 @@ from nas_service.spec.candidates import (
     space_size,
 )
 from nas_service.spec.checks import (
+    CorpusLocation,
     check_job,
+    locate_corpus,
     resolve_corpus,
 )
 from nas_service.spec.files import (
@@ -124,6 +126,7 @@ __all__ = [
     "Candidate",
     "CandidateSpace",
     "Constraint",
+    "CorpusLocation",
     "CostContext",
     "Fidelity",
     "FloatBudget",
@@ -151,6 +154,7 @@ __all__ = [
     "enumerate_candidates",
     "load_spec",
     "load_yaml_text",
+    "locate_corpus",
     "parse_spec",
     "read_spec_data",
     "read_yaml_mapping",
