@@ -40,6 +40,7 @@ from nas_service.spec.checks import (
     resolve_corpus,
 )
 from nas_service.spec.files import (
+    SpecFileError,
     load_spec,
     load_yaml_text,
     read_spec_data,
@@ -138,6 +139,7 @@ __all__ = [
     "ParamsTarget",
     "SearchSpace",
     "SpecError",
+    "SpecFileError",
     "StepCalibration",
     "Text",
     "TrainAxis",
