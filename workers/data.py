@@ -286,9 +286,9 @@ def _open_regular(path: Path, shown: str) -> int:
 
 def _rel_parts(source: str) -> list[str]:
     """The components of a path relative to the data folder, refused by its text alone when
-    it is empty, absolute or climbs with `..`."""
+    it names nothing below the folder (empty, "."), is absolute or climbs with `..`."""
     parts = [p for p in source.split("/") if p not in ("", ".")]
-    if not source or source.startswith("/") or ".." in parts:
+    if not parts or source.startswith("/") or ".." in parts:
         raise CorpusError("corpus", f"{source!r} is not a relative path inside the data folder")
     return parts
 

@@ -114,7 +114,9 @@ def test_a_link_at_any_component_is_refused(root: Path, tmp_path: Path) -> None:
     refused(root, "plays", "'plays/out.txt'", "symbolic link")  # a link inside a folder
 
 
-@pytest.mark.parametrize("source", ["../passwd", "plays/../../passwd", "/etc/passwd", ""])
+@pytest.mark.parametrize(
+    "source", ["../passwd", "plays/../../passwd", "/etc/passwd", "", ".", "./"]
+)
 def test_a_path_that_leaves_the_root_is_refused_by_its_text(root: Path, source: str) -> None:
     refused(root, source, "inside the data folder")
 
