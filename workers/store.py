@@ -11,6 +11,7 @@ never sees half a checkpoint, whatever happens to the writer.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
@@ -83,8 +84,12 @@ class ArtifactStore:
 
     def put(self, key: str, data: bytes) -> None:
         """Store `data` under `key`, replacing what was there: written to `key.tmp-<random>`,
-        then moved onto `key`, so the key holds the old bytes or the new ones, never a part."""
+        then moved onto `key`, so the key holds the old bytes or the new ones, never a part.
+        In a local folder no symbolic link is followed: one on the way is refused, one at the
+        key itself is replaced (its target untouched)."""
         path = self._path(key)
+        if isinstance(self._fs, LocalFileSystem):
+            return self._put_local(key, bytes(data))
         tmp = f"{path}{_TMP}{secrets.token_hex(8)}"
         try:
             self._fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -93,6 +98,44 @@ class ArtifactStore:
         except OSError as exc:
             self._discard(tmp)
             raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+
+    def _put_local(self, key: str, data: bytes) -> None:
+        parts = key.split("/")
+        try:
+            os.makedirs(self._root or "/", exist_ok=True)  # the operator's own path
+            fd = os.open(self._root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+        try:
+            for i, name in enumerate(parts[:-1]):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    at = "/".join(parts[: i + 1])
+                    raise StoreError(
+                        "artifact_store",
+                        f"cannot write {key} to {self.url}: {at} is a symbolic link; "
+                        "links in the store are not followed",
+                    )
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                child = os.open(name, flags, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            tmp = f"{parts[-1]}{_TMP}{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(tmp, flags, 0o666, dir_fd=fd)
+            try:
+                with os.fdopen(out, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)  # a link: replaced
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                raise
+        except OSError as exc:
+            raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def _discard(self, path: str) -> None:
         try:

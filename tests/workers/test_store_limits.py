@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from workers.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from workers.store import ArtifactStore, CheckpointError
+from workers.store import ArtifactStore, CheckpointError, StoreError
 
 MiB = 2**20
 
@@ -82,3 +82,26 @@ def test_what_is_not_a_regular_file_is_refused(tmp_path: Path) -> None:
         with pytest.raises(CheckpointError) as info:
             store.get(key, MiB)
         assert key in info.value.reason and "not a regular file" in info.value.reason
+
+
+def test_a_write_never_follows_a_link_inside_the_store(tmp_path: Path) -> None:
+    """A folder link on the way to a key (planted by whoever can write in the store) is
+    refused, and nothing is written where it leads; a link at the key itself is replaced
+    by the new bytes, its target untouched."""
+    root = tmp_path / "store"
+    store = ArtifactStore(str(root))
+    store.put("job/real", b"first")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "alias").symlink_to(outside)
+    with pytest.raises(StoreError) as info:
+        store.put("alias/ckpt", b"planted")
+    assert "alias" in info.value.reason and "symbolic link" in info.value.reason
+    assert list(outside.iterdir()) == []
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"keep me")
+    (root / "job" / "leak").symlink_to(secret)
+    store.put("job/leak", b"new bytes")
+    assert secret.read_bytes() == b"keep me"
+    assert not (root / "job" / "leak").is_symlink() and store.get("job/leak", MiB) == b"new bytes"
+    assert store.keys("job") == ["job/leak", "job/real"]  # no temporary left behind
