@@ -84,7 +84,7 @@ from nas_service.search import (
     tune_settings,
 )
 from nas_service.settings import Settings, get_settings
-from nas_service.spec import JobSpec, SpecError, parse_spec, resolve_corpus
+from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, parse_spec
 from nas_service.study_cache import OwnedTrials, set_user_attrs
 from workers.contract import EvalPoint, TrainResult
 
@@ -108,7 +108,7 @@ class JobBroken(RuntimeError):
 class ActiveJob:
     spec: JobSpec
     study: optuna.Study
-    corpus: str | None
+    corpus: CorpusLocation | None
     layouts: Layouts = field(default_factory=dict)  # `cost.layout: auto`: primed once
 
 
@@ -155,7 +155,7 @@ class Runner(TrialOutcomes):
             except SpecError as exc:
                 raise JobBroken(f"the stored spec is no longer valid: {exc}") from None
             try:
-                corpus = resolve_corpus(spec.training.corpus, self.settings)
+                corpus = locate_corpus(spec.training.corpus, self.settings)
             except SpecError as exc:
                 raise JobBroken(str(exc)) from None
             self.jobs[job.id] = ActiveJob(

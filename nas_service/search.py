@@ -65,6 +65,7 @@ from cost_model.timing import train_step_time
 from nas_service.spec import (
     CALIBRATED,
     CandidateSpace,
+    CorpusLocation,
     JobSpec,
     SpecError,
     StepCalibration,
@@ -431,7 +432,7 @@ def price_candidate(
     spec: JobSpec,
     params: dict[str, Any],
     seed: int = 0,
-    corpus: str | None = _SPEC_CORPUS,
+    corpus: CorpusLocation | str | None = _SPEC_CORPUS,
     layouts: Layouts | None = None,
 ) -> Priced:
     """Arch for the params, every cost metric, the constraints, and the `TrainSpec` of seed
@@ -439,8 +440,8 @@ def price_candidate(
     `train_spec.replace(**setting, seed=k)`). The metrics are computed once per architecture
     and cost context (an LRU of `COST_CACHE_SIZE`), or read from `layouts`, the job's
     `prime_layouts` answers. `corpus` is what the workers read: the runner passes the spec's
-    corpus as resolved against the operator's settings (`spec.resolve_corpus`); by default
-    the spec's own."""
+    corpus as located in the operator's data folder (`spec.locate_corpus`: read beneath it,
+    no link followed); by default the spec's own."""
     candidate = build_candidate(spec, CandidateSpace.from_study(params))
     if candidate.arch is None:
         return Priced(params, None, {}, "infeasible", candidate.reason, None)
@@ -476,7 +477,12 @@ def price_candidate(
     training |= training_setting(spec, params)
     budget = spec.budget.train_fields(trial_budget(spec, params))
     corpus = spec.training.corpus if corpus is _SPEC_CORPUS else corpus
-    train_spec = TrainSpec(arch=arch, seed=seed, **budget, **training | {"corpus": corpus})
+    where = (
+        {"corpus": corpus.path, "corpus_root": corpus.root}
+        if isinstance(corpus, CorpusLocation)
+        else {"corpus": corpus}
+    )
+    train_spec = TrainSpec(arch=arch, seed=seed, **budget, **training | where)
     if train_spec.planned_steps() < 1:
         reason = f"the budget buys {train_spec.planned_tokens()} tokens, less than one step"
         return Priced(params, arch.to_dict(), metrics, "infeasible", reason, None)

@@ -12,6 +12,7 @@ is a `CheckpointError(field="checkpoint", reason)` naming what.
 from __future__ import annotations
 
 import io
+import zipfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,13 @@ def load_checkpoint(
 ) -> Checkpoint:
     """The checkpoint under `key`, which must be `fingerprint`'s main line at `step`."""
     data = store.get(key, max_bytes)
+    decoded = _decoded_size(key, data)
+    if decoded > max_bytes:  # torch inflates compressed entries: the limit is on the result
+        raise CheckpointError(
+            "checkpoint",
+            f"{key} decodes to {decoded} bytes ({len(data)} stored), more than the limit "
+            f"{max_bytes}",
+        )
     try:
         raw = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, not a torch file, or objects weights_only refuses
@@ -102,6 +110,18 @@ def load_checkpoint(
         optimizer=raw["optimizer"],
         batch_generator=raw["batch_generator"],
     )
+
+
+def _decoded_size(key: str, data: bytes) -> int:
+    """The bytes the zip archive `data` (what `torch.save` writes) holds once inflated: the
+    sum of its entries' sizes, which bound what torch's reader allocates for each."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            return sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:  # not a zip, or a broken one
+        raise CheckpointError(
+            "checkpoint", f"{key} is not a readable checkpoint (not a torch archive: {exc})"
+        ) from exc
 
 
 #: The checkpoint's entries besides format and version, with their types.

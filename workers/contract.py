@@ -66,6 +66,9 @@ class TrainSpec:
     n_evals: int = 10
     eval_batches: int = 8
     corpus: str | None = None  # None: the built-in corpus
+    #: the folder `corpus` (then a relative path) is read beneath, no link followed: the
+    #: service's data folder (`workers.data.load_corpus`'s `root`); None: a caller's own path
+    corpus_root: str | None = None
     val_fraction: float = 0.1
     device: str = "auto"  # auto | cpu | cuda
     compile: bool = False
@@ -114,6 +117,10 @@ class TrainSpec:
             )
         if self.threads is not None and self.threads < 1:
             raise TrainSpecError("threads", f"must be positive, got {self.threads}")
+        if self.corpus_root is not None and (self.corpus is None or self.corpus.startswith("/")):
+            raise TrainSpecError(
+                "corpus", "must be a path relative to corpus_root when corpus_root is given"
+            )
         if self.max_checkpoint_bytes < 1:
             raise TrainSpecError(
                 "max_checkpoint_bytes", f"must be positive, got {self.max_checkpoint_bytes}"

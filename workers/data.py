@@ -14,18 +14,20 @@ Conventions:
 from __future__ import annotations
 
 import codecs
+import errno
 import functools
 import hashlib
 import logging
 import os
 import platform
+import stat
 import sys
 import sysconfig
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 import torch
@@ -220,21 +222,35 @@ def stdlib_documents(max_bytes: int | None = DEFAULT_BUILTIN_BYTES) -> list[Docu
 def _read_text(path: Path, max_bytes: int | None = None) -> bytes:
     """The bytes of a regular UTF-8 text file (the first `max_bytes` if given)."""
     _check_regular(path)
+    return _text_of(_open_regular(path, str(path)), str(path), max_bytes)
+
+
+def _text_of(fd: int, shown: str, max_bytes: int | None = None) -> bytes:
+    """The UTF-8 text read from the open descriptor `fd` (closed here), named `shown`."""
     try:
-        with open(path, "rb") as f:
+        with _file(fd, shown) as f:
             data = f.read() if max_bytes is None else f.read(max_bytes)
             truncated = max_bytes is not None and f.read(1) != b""
     except OSError as e:
-        raise CorpusError("corpus", f"cannot read {path}: {e.strerror or e}") from e
+        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
     try:  # a cut in the middle of a character is not an error when truncated
         codecs.getincrementaldecoder("utf-8")().decode(data, final=not truncated)
     except UnicodeDecodeError as e:
         raise CorpusError(
             "corpus",
-            f"{path} is not valid UTF-8 text (byte {e.start}); "
+            f"{shown} is not valid UTF-8 text (byte {e.start}); "
             "pass token_dtype='uint16' or 'uint32' if it holds tokens",
         ) from e
     return data
+
+
+def _file(fd: int, shown: str) -> BinaryIO:
+    """A file object owning the descriptor `fd` (closed if one cannot be made)."""
+    try:
+        return open(fd, "rb")
+    except OSError as e:
+        os.close(fd)
+        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
 
 
 def _check_regular(path: Path) -> None:
@@ -244,6 +260,164 @@ def _check_regular(path: Path) -> None:
         raise CorpusError("corpus", f"{path} does not exist")
     if not path.is_file():
         raise CorpusError("corpus", f"{path} is not a regular file")
+
+
+# -- opening: once, then the descriptor is checked and read ------------------------------------
+# O_NONBLOCK: opening a FIFO for reading would block until a writer came; with it the open
+# returns at once and the descriptor's type refuses it. It does not change regular files.
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | os.O_CLOEXEC
+_NO_LINK = _OPEN_FLAGS | os.O_NOFOLLOW
+
+
+def _open_regular(path: Path, shown: str) -> int:
+    """A descriptor of the regular file at `path` (a path the user chose: links followed),
+    checked after opening, so what is read is what was checked."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise CorpusError("corpus", f"{shown} does not exist") from None
+    except OSError as e:
+        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CorpusError("corpus", f"{shown} is not a regular file")
+    return fd
+
+
+def _rel_parts(source: str) -> list[str]:
+    """The components of a path relative to the data folder, refused by its text alone when
+    it names nothing below the folder (empty, "."), is absolute or climbs with `..`."""
+    parts = [p for p in source.split("/") if p not in ("", ".")]
+    if not parts or source.startswith("/") or ".." in parts:
+        raise CorpusError("corpus", f"{source!r} is not a relative path inside the data folder")
+    return parts
+
+
+def _open_at(dir_fd: int, name: str, shown: str) -> tuple[int, os.stat_result]:
+    """Open `name` in the folder `dir_fd` without following a link; its descriptor and
+    type. `shown` (relative to the data folder) names it in every refusal."""
+    try:
+        fd = os.open(name, _NO_LINK, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EMLINK):  # EMLINK: the BSDs' answer
+            reason = "is a symbolic link; links are not followed inside the data folder"
+        elif e.errno == errno.ENOENT:
+            reason = "does not exist in the data folder"
+        else:
+            reason = f"cannot be read: {e.strerror or e}"
+        raise CorpusError("corpus", f"{shown!r} {reason}") from None
+    return fd, os.fstat(fd)
+
+
+def _open_beneath(root: str, parts: Sequence[str]) -> tuple[int, os.stat_result]:
+    """Open the path `parts` beneath the folder `root` one component at a time, never
+    following a link: its descriptor and type (a folder or a regular file)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise CorpusError("corpus", f"the data folder cannot be read: {e.strerror or e}") from e
+    st = os.fstat(fd)
+    for i, name in enumerate(parts):
+        shown = "/".join(parts[: i + 1])
+        try:
+            if not stat.S_ISDIR(st.st_mode):
+                raise CorpusError("corpus", f"{'/'.join(parts[:i])!r} is not a folder")
+            child, st = _open_at(fd, name, shown)
+        finally:
+            os.close(fd)
+        fd = child
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        os.close(fd)
+        raise CorpusError("corpus", f"{'/'.join(parts)!r} is not a regular file or a folder")
+    return fd, st
+
+
+def _walk_fd(dir_fd: int, prefix: str, out: list[tuple[str, int]]) -> None:
+    """Append (relative path, size) for every regular file under the folder `dir_fd`
+    (hidden entries and `__pycache__` skipped); a link or any other kind is refused."""
+    with os.scandir(dir_fd) as entries:
+        names = sorted((e.name, e.stat(follow_symlinks=False)) for e in entries)
+    for name, st in names:
+        if name.startswith(".") or name == "__pycache__":
+            continue
+        shown = f"{prefix}/{name}"
+        if stat.S_ISDIR(st.st_mode):
+            child, cst = _open_at(dir_fd, name, shown)
+            try:
+                if not stat.S_ISDIR(cst.st_mode):
+                    raise CorpusError("corpus", f"{shown!r} changed while it was read")
+                _walk_fd(child, shown, out)
+            finally:
+                os.close(child)
+        elif stat.S_ISLNK(st.st_mode):
+            raise CorpusError(
+                "corpus",
+                f"{shown!r} is a symbolic link; links are not followed inside the data folder",
+            )
+        elif not stat.S_ISREG(st.st_mode):
+            raise CorpusError("corpus", f"{shown!r} is not a regular file")
+        else:
+            out.append((shown, st.st_size))
+
+
+def _open_file_at(dir_fd: int, rel: str, shown: str) -> int:
+    """A descriptor of the regular file `rel` (components joined by "/") under `dir_fd`."""
+    fd = os.dup(dir_fd)
+    parts = rel.split("/")
+    for i, name in enumerate(parts):
+        try:
+            child, st = _open_at(fd, name, shown)
+        finally:
+            os.close(fd)
+        fd = child
+        want_dir = i < len(parts) - 1
+        if stat.S_ISDIR(st.st_mode) != want_dir or not (want_dir or stat.S_ISREG(st.st_mode)):
+            os.close(fd)
+            raise CorpusError("corpus", f"{shown!r} is not a regular file")
+    return fd
+
+
+def _beneath_documents(dir_fd: int, shown: str, max_bytes: int | None) -> list[Document]:
+    """`_folder_documents` for the folder open as `dir_fd`, never following a link."""
+    found: list[tuple[str, int]] = []
+    _walk_fd(dir_fd, shown, found)
+    ids = [p[len(shown) + 1 :] for p, _ in found]
+    docs = []
+    for i in _select([size + 1 for _, size in found], ids, max_bytes):
+        data = _text_of(_open_file_at(dir_fd, ids[i], found[i][0]), repr(found[i][0]))
+        if data:
+            docs.append(Document(ids[i], data if data.endswith(b"\n") else data + b"\n"))
+    return docs
+
+
+def _load_beneath(
+    root: str,
+    source: str,
+    dtype_name: str | None,
+    val_fraction: float,
+    max_bytes: int | None,
+    vocab_size: int | None,
+) -> Corpus:
+    """`load_corpus` of `source`, a path relative to the folder `root`, opened once beneath
+    it without following a link (`_open_beneath`); the descriptor is what is read."""
+    parts = _rel_parts(source)
+    shown = "/".join(parts)
+    name = parts[-1]
+    fd, st = _open_beneath(root, parts)
+    if dtype_name is not None:
+        if stat.S_ISDIR(st.st_mode):
+            os.close(fd)
+            raise CorpusError("corpus", f"{shown!r} is a folder; token_dtype needs one token file")
+        tokens = _tokens_of(fd, repr(shown), st.st_size, dtype_name, max_bytes)
+        return _token_corpus(tokens, val_fraction, name=name, source=shown, vocab_size=vocab_size)
+    if stat.S_ISDIR(st.st_mode):
+        try:
+            docs = _beneath_documents(fd, shown, max_bytes)
+        finally:
+            os.close(fd)
+    else:
+        docs = _chunks(_text_of(fd, repr(shown), max_bytes))
+    return _text_corpus(docs, val_fraction, name=name, source=shown, vocab_size=vocab_size)
 
 
 def _folder_documents(folder: Path, max_bytes: int | None) -> list[Document]:
@@ -293,18 +467,52 @@ def _read_tokens(path: Path, dtype_name: str, max_bytes: int | None) -> np.ndarr
     if path.is_dir():
         raise CorpusError("corpus", f"{path} is a folder; token_dtype needs one token file")
     _check_regular(path)
+    fd = _open_regular(path, str(path))
+    return _tokens_of(fd, str(path), os.fstat(fd).st_size, dtype_name, max_bytes)
+
+
+def _tokens_of(
+    fd: int, shown: str, size: int, dtype_name: str, max_bytes: int | None
+) -> np.ndarray:
+    """The tokens read from the open descriptor `fd` (closed here) of `size` bytes."""
     dtype = TOKEN_DTYPES[dtype_name]
-    size = path.stat().st_size
     if size % dtype.itemsize:
+        os.close(fd)
         raise CorpusError(
             "corpus",
-            f"{path} holds {size} bytes, not a multiple of {dtype.itemsize} ({dtype_name})",
+            f"{shown} holds {size} bytes, not a multiple of {dtype.itemsize} ({dtype_name})",
         )
     count = -1 if max_bytes is None else max_bytes // dtype.itemsize
     try:
-        return np.fromfile(path, dtype=dtype, count=count)
+        with _file(fd, shown) as f:
+            return np.fromfile(f, dtype=dtype, count=count)
     except OSError as e:
-        raise CorpusError("corpus", f"cannot read {path}: {e.strerror or e}") from e
+        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
+
+
+def _token_corpus(
+    tokens: np.ndarray, val_fraction: float, *, name: str, source: str, vocab_size: int | None
+) -> Corpus:
+    n_val = min(len(tokens), max(1, round(len(tokens) * val_fraction)))
+    train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+    return _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size)
+
+
+def _chunks(data: bytes) -> list[Document]:
+    """A single text file's documents: its `CHUNK_BYTES` chunks."""
+    return [
+        Document(str(i), data[start : start + CHUNK_BYTES])
+        for i, start in enumerate(range(0, len(data), CHUNK_BYTES))
+    ]
+
+
+def _text_corpus(
+    docs: list[Document], val_fraction: float, *, name: str, source: str, vocab_size: int | None
+) -> Corpus:
+    if not docs:
+        raise CorpusError("corpus", f"{source} holds no tokens")
+    train, val = _split_documents(docs, val_fraction)
+    return _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size or BYTE_VOCAB)
 
 
 def _make_corpus(
@@ -357,6 +565,7 @@ def load_corpus(
     max_bytes: int | None = None,
     token_dtype: str | None = None,
     vocab_size: int | None = None,
+    root: str | None = None,
 ) -> Corpus:
     """Load a corpus and split it into train and validation.
 
@@ -366,6 +575,12 @@ def load_corpus(
     uint16, `.u32` uint32, or any file with `token_dtype`). `max_bytes` caps what is read
     (default: ≈ 8 MiB for the built-in corpus, everything otherwise). `vocab_size` defaults
     to 256 for text and max token + 1 for token files; a smaller one is an error.
+
+    With `root` (the service's data folder), `source` is a path relative to it, opened once
+    beneath it with no symbolic link followed at any component (a link, `..`, an absolute
+    path, a FIFO or a device is refused); the descriptor opened is the one checked and read,
+    so swapping a name for a link between a check and the read changes nothing. Messages and
+    `CorpusInfo.source` name the path relative to `root`.
     """
     if not 0 < val_fraction <= 0.5:  # also rejects NaN
         raise CorpusError("val_fraction", f"must be in (0, 0.5], got {val_fraction}")
@@ -382,25 +597,19 @@ def load_corpus(
         return _builtin_corpus(
             max_bytes or DEFAULT_BUILTIN_BYTES, val_fraction, vocab_size or BYTE_VOCAB
         )
+    if root is not None:
+        dtype_name = token_dtype or TOKEN_SUFFIXES.get(Path(str(source)).suffix.lower())
+        return _load_beneath(root, str(source), dtype_name, val_fraction, max_bytes, vocab_size)
     path = Path(source).expanduser()
     shown = str(path)
     dtype_name = token_dtype or TOKEN_SUFFIXES.get(path.suffix.lower())
     if dtype_name is not None:
         tokens = _read_tokens(path, dtype_name, max_bytes)
-        n_val = min(len(tokens), max(1, round(len(tokens) * val_fraction)))
-        train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
-        return _make_corpus(train, val, name=path.name, source=shown, vocab_size=vocab_size)
+        return _token_corpus(
+            tokens, val_fraction, name=path.name, source=shown, vocab_size=vocab_size
+        )
     if path.is_dir():
         docs = _folder_documents(path, max_bytes)
     else:
-        data = _read_text(path, max_bytes)
-        docs = [
-            Document(str(i), data[start : start + CHUNK_BYTES])
-            for i, start in enumerate(range(0, len(data), CHUNK_BYTES))
-        ]
-    if not docs:
-        raise CorpusError("corpus", f"{shown} holds no tokens")
-    train, val = _split_documents(docs, val_fraction)
-    return _make_corpus(
-        train, val, name=path.name, source=shown, vocab_size=vocab_size or BYTE_VOCAB
-    )
+        docs = _chunks(_read_text(path, max_bytes))
+    return _text_corpus(docs, val_fraction, name=path.name, source=shown, vocab_size=vocab_size)

@@ -11,12 +11,17 @@ never sees half a checkpoint, whatever happens to the writer.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import os
 import posixpath
 import re
 import secrets
+import stat
 from typing import Any
 
 from fsspec.core import url_to_fs  # type: ignore[import-untyped]  # no stubs
+from fsspec.implementations.local import LocalFileSystem  # type: ignore[import-untyped]
 
 from cost_model import CostInputError
 from workers.contract import TrainSpecError
@@ -79,8 +84,12 @@ class ArtifactStore:
 
     def put(self, key: str, data: bytes) -> None:
         """Store `data` under `key`, replacing what was there: written to `key.tmp-<random>`,
-        then moved onto `key`, so the key holds the old bytes or the new ones, never a part."""
+        then moved onto `key`, so the key holds the old bytes or the new ones, never a part.
+        In a local folder no symbolic link is followed: one on the way is refused, one at the
+        key itself is replaced (its target untouched)."""
         path = self._path(key)
+        if isinstance(self._fs, LocalFileSystem):
+            return self._put_local(key, bytes(data))
         tmp = f"{path}{_TMP}{secrets.token_hex(8)}"
         try:
             self._fs.makedirs(posixpath.dirname(path), exist_ok=True)
@@ -89,6 +98,44 @@ class ArtifactStore:
         except OSError as exc:
             self._discard(tmp)
             raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+
+    def _put_local(self, key: str, data: bytes) -> None:
+        parts = key.split("/")
+        try:
+            os.makedirs(self._root or "/", exist_ok=True)  # the operator's own path
+            fd = os.open(self._root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+        try:
+            for i, name in enumerate(parts[:-1]):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, dir_fd=fd)
+                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    at = "/".join(parts[: i + 1])
+                    raise StoreError(
+                        "artifact_store",
+                        f"cannot write {key} to {self.url}: {at} is a symbolic link; "
+                        "links in the store are not followed",
+                    )
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                child = os.open(name, flags, dir_fd=fd)
+                os.close(fd)
+                fd = child
+            tmp = f"{parts[-1]}{_TMP}{secrets.token_hex(8)}"
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            out = os.open(tmp, flags, 0o666, dir_fd=fd)
+            try:
+                with os.fdopen(out, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)  # a link: replaced
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=fd)
+                raise
+        except OSError as exc:
+            raise StoreError("artifact_store", f"cannot write {key} to {self.url}: {exc}") from exc
+        finally:
+            os.close(fd)
 
     def _discard(self, path: str) -> None:
         try:
@@ -99,8 +146,12 @@ class ArtifactStore:
 
     def get(self, key: str, max_bytes: int) -> bytes:
         """The bytes under `key`; `CheckpointError("checkpoint", ...)` when there are none,
-        they cannot be read, or they are more than `max_bytes`."""
+        they cannot be read, or they are more than `max_bytes`. In a local folder the key is
+        opened beneath the root one part at a time with no symbolic link followed, and only
+        a regular file is read (checked on its descriptor: a FIFO never blocks)."""
         path = self._path(key)
+        if isinstance(self._fs, LocalFileSystem):
+            return self._get_local(key, max_bytes)
         try:
             size = int(self._fs.size(path))
             if size > max_bytes:
@@ -115,6 +166,55 @@ class ArtifactStore:
         except OSError as exc:
             reason = f"cannot read {key} from {self.url}: {exc}"
             raise CheckpointError("checkpoint", reason) from exc
+        if len(data) > max_bytes:  # it grew between the size and the read
+            raise CheckpointError(
+                "checkpoint", f"{key} in {self.url} holds more than the limit of {max_bytes} bytes"
+            )
+        return data
+
+    def _get_local(self, key: str, max_bytes: int) -> bytes:
+        parts = key.split("/")
+        try:
+            fd = os.open(self._root or "/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise CheckpointError("checkpoint", f"{key} is not in {self.url}: {exc}") from exc
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+        for i, name in enumerate(parts):
+            try:
+                child = os.open(name, flags, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.EMLINK):  # EMLINK: the BSDs' answer
+                    at = "/".join(parts[: i + 1])
+                    reason = (
+                        f"{key} in {self.url} is a symbolic link (at {at}); "
+                        "links in the store are not followed"
+                    )
+                elif exc.errno in (errno.ENOENT, errno.ENOTDIR):
+                    reason = f"{key} is not in {self.url}"
+                else:
+                    reason = f"cannot read {key} from {self.url}: {exc}"
+                raise CheckpointError("checkpoint", reason) from exc
+            finally:
+                os.close(fd)
+            fd = child
+            st = os.fstat(fd)
+            if i < len(parts) - 1 and not stat.S_ISDIR(st.st_mode):
+                os.close(fd)
+                raise CheckpointError("checkpoint", f"{key} is not in {self.url}")
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            os.close(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError("checkpoint", f"{key} in {self.url} is not a regular file")
+            raise CheckpointError(
+                "checkpoint",
+                f"{key} in {self.url} holds {st.st_size} bytes, more than the limit {max_bytes}",
+            )
+        with os.fdopen(fd, "rb") as f:
+            try:
+                data = f.read(max_bytes + 1)
+            except OSError as exc:
+                reason = f"cannot read {key} from {self.url}: {exc}"
+                raise CheckpointError("checkpoint", reason) from exc
         if len(data) > max_bytes:  # it grew between the size and the read
             raise CheckpointError(
                 "checkpoint", f"{key} in {self.url} holds more than the limit of {max_bytes} bytes"

@@ -285,7 +285,9 @@ def training_run(
     loss is the segment's final one, and is not streamed."""
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
-    corpus = corpus or load_corpus(spec.corpus, val_fraction=spec.val_fraction)
+    corpus = corpus or load_corpus(
+        spec.corpus, val_fraction=spec.val_fraction, root=spec.corpus_root
+    )
     cfg = spec.arch
     if corpus.vocab_size > cfg.vocab_size:
         raise TrainSpecError(

@@ -22,7 +22,16 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 
 
 class CliError(Exception):
-    """A client command's failure, with the service's message."""
+    """A client command's failure, with the service's message; `code` is its exit status."""
+
+    code = 1
+
+
+class CliUsageError(CliError):
+    """A command line naming something unusable (a spec path that is missing or not a
+    regular file): exit status 2, as argparse gives a usage error."""
+
+    code = 2
 
 
 def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:

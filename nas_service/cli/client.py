@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from nas_service import cli
-from nas_service.cli import DEFAULT_URL, CliError
+from nas_service.cli import DEFAULT_URL, CliError, CliUsageError
 
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def _client_command(func: Any) -> Any:
             return result
         except CliError as exc:
             print(f"depthscope {args.command}: error: {exc}", file=sys.stderr)
-            return 1
+            return exc.code
 
     return run
 
@@ -118,11 +118,14 @@ def _save_plot(args: argparse.Namespace, name: str, params: dict[str, Any]) -> N
 def _load_spec(path: str) -> dict[str, Any]:
     """The spec file validated as the service validates one (`spec.load_spec`: a size cap,
     no YAML anchors or aliases, every field checked), as the JSON to send: the fields the
-    file gives. A refusal is a `CliError` naming every field and reason."""
-    from nas_service.spec import SpecError, load_spec
+    file gives. A refusal is a `CliError` naming every field and reason; a path that is
+    missing or not a regular file (a FIFO is never waited on) a `CliUsageError` (exit 2)."""
+    from nas_service.spec import SpecError, SpecFileError, load_spec
 
     try:
         spec = load_spec(path)
+    except SpecFileError as exc:
+        raise CliUsageError(str(exc)) from None
     except SpecError as exc:
         raise CliError(str(exc)) from None
     return spec.model_dump(mode="json", exclude_unset=True)

@@ -34,10 +34,13 @@ from nas_service.spec.candidates import (
     space_size,
 )
 from nas_service.spec.checks import (
+    CorpusLocation,
     check_job,
+    locate_corpus,
     resolve_corpus,
 )
 from nas_service.spec.files import (
+    SpecFileError,
     load_spec,
     load_yaml_text,
     read_spec_data,
@@ -124,6 +127,7 @@ __all__ = [
     "Candidate",
     "CandidateSpace",
     "Constraint",
+    "CorpusLocation",
     "CostContext",
     "Fidelity",
     "FloatBudget",
@@ -135,6 +139,7 @@ __all__ = [
     "ParamsTarget",
     "SearchSpace",
     "SpecError",
+    "SpecFileError",
     "StepCalibration",
     "Text",
     "TrainAxis",
@@ -151,6 +156,7 @@ __all__ = [
     "enumerate_candidates",
     "load_spec",
     "load_yaml_text",
+    "locate_corpus",
     "parse_spec",
     "read_spec_data",
     "read_yaml_mapping",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 from cost_model import (
     flops_for_tokens,
@@ -103,6 +104,27 @@ def resolve_corpus(corpus: str | None, settings: Settings) -> str | None:
     if not (real.is_file() or real.is_dir()):
         raise SpecError([(_CORPUS, f"{shown} is not a regular file or a folder")])
     return str(real)
+
+
+class CorpusLocation(NamedTuple):
+    """Where the workers read a corpus: `path` (relative, "/"-separated) beneath the folder
+    `root` (absolute, links resolved), opened with no symbolic link followed, so a name
+    swapped for a link after the check is refused, not read; shown as `path`."""
+
+    root: str
+    path: str
+
+
+def locate_corpus(corpus: str | None, settings: Settings) -> CorpusLocation | None:
+    """`resolve_corpus` as the workers read it: beneath the data folder, or, for a
+    registered corpus, beneath its own parent folder. None for the built-in corpus."""
+    real = resolve_corpus(corpus, settings)
+    if real is None:
+        return None
+    if corpus in settings.corpora:
+        return CorpusLocation(os.path.dirname(real), os.path.basename(real))
+    root = os.path.realpath(settings.data_dir.expanduser().absolute())
+    return CorpusLocation(root, Path(os.path.relpath(real, root)).as_posix())
 
 
 def _registered_corpus(name: str, settings: Settings) -> str:

@@ -3,7 +3,9 @@ safe tags only; exponent numbers (`5e11`) read as floats."""
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -81,19 +83,34 @@ def load_yaml_text(text: str, source: str = "spec", field: str = "spec") -> Any:
             loader.dispose()
 
 
+class SpecFileError(SpecError):
+    """A file that cannot be read at all (missing, not a regular file, unreadable): the path
+    given is wrong, not the fields in it."""
+
+
 def read_yaml_mapping(path: str | Path, field: str = "spec") -> dict[str, Any]:
     """The mapping of a YAML (or JSON) file from a stranger, read with `load_yaml_text`'s
-    bounds (no more than `MAX_SPEC_BYTES` + 1 bytes are read). Raises `SpecError` on
-    `field` (a job spec's "spec", the CLI's architecture file's "arch")."""
+    bounds (no more than `MAX_SPEC_BYTES` + 1 bytes are read). Only a regular file is read:
+    it is opened without blocking (a FIFO returns at once) and its descriptor's type checked
+    before any read, so a FIFO, a device or a folder is refused at once (`SpecFileError`).
+    Raises `SpecError` on `field` (a job spec's "spec", the CLI's architecture file's
+    "arch")."""
     p = Path(path)
     shown = repr(str(p))
     try:
-        with open(p, "rb") as f:
-            raw = f.read(MAX_SPEC_BYTES + 1)
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise SpecError([(field, f"file {shown} does not exist")]) from None
+        raise SpecFileError([(field, f"file {shown} does not exist")]) from None
     except OSError as exc:
-        raise SpecError([(field, f"cannot read {shown}: {exc.strerror or exc}")]) from None
+        raise SpecFileError([(field, f"cannot read {shown}: {exc.strerror or exc}")]) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SpecFileError([(field, f"{shown} is not a regular file")])
+    try:
+        with os.fdopen(fd, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as exc:
+        raise SpecFileError([(field, f"cannot read {shown}: {exc.strerror or exc}")]) from None
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecError(
             [(field, f"{shown} is over the limit of {MAX_SPEC_BYTES} bytes for a {field} file")]

@@ -3,7 +3,7 @@
 // and its interval, the paired difference against depth with its interval, learning curves.
 // Every axis names its quantity and unit; values are scaled to that unit (format.js).
 
-import { fixed, human, scaleFor } from "./format.js";
+import { escapeHtml as esc, fixed, human, scaleFor } from "./format.js";
 
 const echarts = window.echarts;
 const charts = new Map();
@@ -96,8 +96,9 @@ export function drawPareto(el, points, x, y, units, front, onPick) {
   chart.setOption(baseOption(xName, yName, {
     tooltip: {
       trigger: "item", confine: true,
-      formatter: (p) => `trial ${p.data[2]} (${p.seriesName})<br>${x}: ${human(p.data[0] * fx, units[x])}`
-        + `<br>${y}: ${human(p.data[1] * fy, units[y])}`,
+      formatter: (p) => `trial ${esc(p.data[2])} (${esc(p.seriesName)})`
+        + `<br>${esc(x)}: ${esc(human(p.data[0] * fx, units[x]))}`
+        + `<br>${esc(y)}: ${esc(human(p.data[1] * fy, units[y]))}`,
     },
     series,
   }), true);
@@ -154,8 +155,8 @@ export function drawOptimum(el, groups, fits) {
     grid: { ...base.grid, top: base.grid.top + LABEL_ROW * row },
     xAxis: { type: "log", name: "d_model / L_b (log scale)", nameLocation: "middle", nameGap: 30 },
     tooltip: { trigger: "item", confine: true,
-      formatter: (p) => `${p.seriesName}<br>d/L ${fixed(p.data[0])}, loss ${fixed(p.data[1])}`
-        + (p.data[2] !== undefined ? `<br>trial ${p.data[2]}` : "") },
+      formatter: (p) => `${esc(p.seriesName)}<br>d/L ${esc(fixed(p.data[0]))}, loss ${esc(fixed(p.data[1]))}`
+        + (p.data[2] !== undefined ? `<br>trial ${esc(p.data[2])}` : "") },
     series,
   }), true);
   keepLabelsInside(chart, series);

@@ -10,6 +10,15 @@ const SCALES = {
   tokens: [[1e9, "B tokens"], [1e6, "M tokens"], [1e3, "k tokens"], [1, "tokens"]],
 };
 
+const ENTITIES = { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" };
+
+/** `value` as text safe inside HTML (an element's content or a quoted attribute): every
+ * string a chart's tooltip builds from data (a variant, a metric, a unit, a label) goes
+ * through this, so planted markup shows as text and never runs, CSP or not. */
+export function escapeHtml(value) {
+  return String(value).replace(/[&<>"']/g, (c) => ENTITIES[c]);
+}
+
 /** The scale [factor, label] of `unit` that shows `magnitude` as 1 to 999. */
 export function scaleFor(unit, magnitude) {
   const table = SCALES[unit];
