@@ -269,19 +269,21 @@ def trial_page(
 ) -> TrialList:
     results = job_results(cache, job_row(session, cache, job_id))
 
-    def answer() -> TrialList:
-        rows = [
+    def matching() -> list[TrialRow]:
+        return [
             r
             for r in results.rows
             if (state is None or r.state == state) and (variant is None or r.variant == variant)
         ]
-        page = rows[offset : offset + limit]
-        return TrialList(
-            items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
-        )
 
-    # pollers ask for the same page again and again: once per state of the study
-    return results.memoised(("trials", state, variant, curve, limit, offset), answer)
+    # the rows a filter keeps, once per state of the study (a list of the table's own rows);
+    # a page of them is built on each request, never kept: a client asking for ever new
+    # pages would otherwise fill the memory with them
+    rows = results.memoised(("trials", state, variant), matching)
+    page = rows[offset : offset + limit]
+    return TrialList(
+        items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
+    )
 
 
 def pareto(
