@@ -11,9 +11,17 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    create_model,
+    field_validator,
+)
 from typing_extensions import TypeAliasType
 
 from cost_model import (
@@ -47,6 +55,18 @@ MAX_FEASIBLE_LISTED = 1000
 Scalar = int | float | str | bool | None
 #: A value of a nested report (the cost model's sections): scalars, lists and maps of them.
 Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
+
+
+def _spec_kind(value: Any) -> str:
+    return "spec" if isinstance(value, JobSpec) else "stored"
+
+
+#: A job's spec (`JobSpec`), or the mapping stored for a job whose spec this version no longer
+#: reads (`spec.read_stored`). Told apart by type, so a `JobSpec` is never validated again.
+StoredOrSpec = Annotated[
+    Annotated[JobSpec, Tag("spec")] | Annotated[dict[str, Value], Tag("stored")],
+    Discriminator(_spec_kind),
+]
 
 
 class RungProgress(BaseModel):
@@ -95,7 +115,10 @@ class JobRead(BaseModel):
     progress: Progress
     compute: Compute
     eta_s: float | None
-    spec: JobSpec
+    #: the spec as submitted; a stored spec this version no longer reads: the row as stored
+    #: (non-finite numbers as "NaN", "Infinity", "-Infinity"), and `spec_error` says why
+    spec: StoredOrSpec
+    spec_error: str | None = None
 
     @field_validator("created_at", "started_at", "finished_at")
     @classmethod

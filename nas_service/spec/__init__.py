@@ -95,6 +95,7 @@ from nas_service.spec.space import (
     decode_residual,
     encode_residual,
 )
+from nas_service.spec.stored import STORED, StoredSpec, parse_spec_stored, read_stored
 
 __all__ = [
     "AXES",
@@ -115,6 +116,7 @@ __all__ = [
     "MAX_VOCAB",
     "MAX_YAML_DEPTH",
     "OBJECTIVE_METRICS",
+    "STORED",
     "TRAINING_AXES",
     "TRAINING_BOUNDS",
     "ArchDefaults",
@@ -136,6 +138,7 @@ __all__ = [
     "SearchSpace",
     "SpecError",
     "StepCalibration",
+    "StoredSpec",
     "Text",
     "TrainAxis",
     "Training",
@@ -152,7 +155,9 @@ __all__ = [
     "load_spec",
     "load_yaml_text",
     "parse_spec",
+    "parse_spec_stored",
     "read_spec_data",
+    "read_stored",
     "read_yaml_mapping",
     "resolve_corpus",
     "space_size",

@@ -183,3 +183,165 @@ def test_the_cache_drops_the_tables_read_least_recently(tmp_path: Path) -> None:
     tiny = ResultsCache(storage, max_bytes=1)  # not even one fits: the one read is kept
     assert len(tiny.get("c", ["val_loss"]).rows) == 200
     assert tiny.get("c", ["val_loss"]) is tiny.get("c", ["val_loss"])
+
+
+def _stored_row(db: str, spec: Any) -> str:
+    """A job row as an older version (or a hand edit) could have left it: `spec` stored as
+    is, never validated here, beside a real study."""
+    import uuid
+
+    from nas_service.db import Job, make_engine, make_sessionmaker
+    from nas_service.jobs import optuna_storage
+    from nas_service.search import create_study
+    from nas_service.spec import parse_spec
+
+    job_id = str(uuid.uuid4())
+    study_name = f"depthscope-{job_id}"
+    create_study(parse_spec(SPEC), optuna_storage(db), study_name)
+    engine = make_engine(db)
+    with make_sessionmaker(engine).begin() as s:
+        s.add(Job(id=job_id, name="stale", spec=spec, study_name=study_name, n_trials=4))
+    engine.dispose()
+    return job_id
+
+
+#: Rows this version no longer reads: a variant since removed, a field since removed, a
+#: section of the wrong type, a non-finite budget (SQLite keeps one), no budget at all.
+STALE = {
+    "variant": SPEC | {"space": SPEC["space"] | {"variants": ["baseline", "retired_variant"]}},
+    "field": SPEC | {"old_field": 3},
+    "section": SPEC | {"training": "fast"},
+    "nan": SPEC | {"budget": {"flops": [1e9, float("nan")]}},
+    "no-budget": {k: v for k, v in SPEC.items() if k != "budget"},
+}
+
+
+def test_a_stale_stored_spec_is_shown_with_its_reason_and_can_be_cancelled(
+    api_only: tuple[str, str, subprocess.Popen[bytes]],
+) -> None:
+    """Rows this version no longer validates, beside a healthy job: the job list (the
+    dashboard's home), each job's read and its cancel answer, the stale ones with the spec
+    as stored and the reason; the healthy one as before."""
+    url, db, _ = api_only
+    with httpx.Client(base_url=url, timeout=60) as c:
+        healthy = c.post("/v1/jobs", json=SPEC | {"name": "healthy"}).json()["id"]
+        stale = {kind: _stored_row(db, spec) for kind, spec in STALE.items()}
+        listed = c.get("/v1/jobs")
+        assert listed.status_code == 200, listed.text
+        jobs = {j["id"]: j for j in listed.json()["items"]}
+        assert jobs[healthy]["spec_error"] is None
+        assert jobs[healthy]["spec"]["space"]["variants"] == ["baseline", "block_attnres"]
+        where = {
+            "variant": "space.variants",
+            "field": "old_field",
+            "section": "training",
+            "nan": "budget.flops",
+            "no-budget": "budget",
+        }
+        for kind, job_id in stale.items():
+            shown = jobs[job_id]
+            assert shown["spec_error"] and where[kind] in shown["spec_error"], (kind, shown)
+            read = c.get(f"/v1/jobs/{job_id}")
+            assert read.status_code == 200, (kind, read.text)
+            assert read.json()["spec_error"] == shown["spec_error"]
+            assert c.get(f"/v1/jobs/{job_id}/trials").status_code == 200
+        assert jobs[stale["variant"]]["spec"]["space"]["variants"][1] == "retired_variant"
+        assert jobs[stale["field"]]["spec"]["old_field"] == 3
+        assert jobs[stale["nan"]]["spec"]["budget"]["flops"][0] == 1e9
+        for kind, job_id in stale.items():
+            cancelled = c.post(f"/v1/jobs/{job_id}/cancel")
+            assert cancelled.status_code == 200, (kind, cancelled.text)
+            assert cancelled.json()["status"] == "cancelled"
+        assert c.get(f"/v1/jobs/{healthy}").json()["status"] == "pending"
+        assert c.get("/v1/jobs?status=cancelled").json()["total"] == len(STALE)
+
+
+def test_a_stale_stored_spec_fails_in_the_runner_with_the_reason(tmp_path: Path) -> None:
+    """The runner fails a job whose stored spec this version no longer reads at once, with
+    the same reason the API shows, and goes on with the others."""
+    from nas_service.db import Job
+    from nas_service.runner import Runner
+    from nas_service.spec import read_stored
+    from tests.service.jobkit import setup
+
+    db = f"sqlite:///{tmp_path / 'runner.db'}"
+    settings, Session = setup(db)
+    row = STALE["variant"] | {"cluster": "local"}  # as every stored spec names its cluster
+    job_id = _stored_row(db, row)
+    reason = read_stored(row).reason
+    assert reason and "space.variants" in reason
+    Runner(settings, backend=_NoTraining()).run(timeout_s=60)
+    with Session() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and job.status == "failed"
+        assert job.error == f"the stored spec is no longer valid: {reason}"
+
+
+class _NoTraining:
+    """A backend for a runner that must train nothing: it connects, and has one node."""
+
+    def connect(self) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+    def largest_node(self) -> dict[str, float]:
+        return {"CPU": 2.0}
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the runner asked the backend to {name}")
+
+
+def test_listing_stored_jobs_validates_no_spec_and_enumerates_no_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`GET /v1/jobs` over N stored `layout: auto` jobs: the specs were validated (and the
+    layouts counted) at submission; listing them reads what is stored: no layout enumerated
+    at all, and each spec read once per process, not once per listing."""
+    from fastapi.testclient import TestClient
+
+    from cost_model.layout import LayoutSpace
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+    from nas_service.spec import JobSpec
+
+    auto = SPEC | {
+        "cost": {"hardware": "h100", "layout": "auto", "devices": 64, "max_virtual": 4},
+        "objectives": ["val_loss", "best_step_time_s"],
+    }
+    app = create_app(
+        get_settings(database_url=f"sqlite:///{tmp_path / 'l.db'}", max_concurrent_jobs=100)
+    )
+    layouts = 0
+    validations = 0
+    real_layouts = LayoutSpace.layouts
+    real_validate = JobSpec.model_validate.__func__  # type: ignore[attr-defined]
+
+    def counted_layouts(self: LayoutSpace) -> Any:
+        nonlocal layouts
+        layouts += 1
+        return real_layouts(self)
+
+    def counted_validate(cls: type[JobSpec], *args: Any, **kwargs: Any) -> JobSpec:
+        nonlocal validations
+        validations += 1
+        return real_validate(cls, *args, **kwargs)  # type: ignore[no-any-return]
+
+    with TestClient(app) as c:
+        n = 12
+        for i in range(n):
+            r = c.post("/v1/jobs", json=auto | {"name": f"auto-{i}"})
+            assert r.status_code == 201, r.text
+        monkeypatch.setattr(LayoutSpace, "layouts", counted_layouts)
+        monkeypatch.setattr(JobSpec, "model_validate", classmethod(counted_validate))
+        first = c.get("/v1/jobs?limit=200")
+        assert first.status_code == 200 and first.json()["total"] == n
+        assert layouts == 0, f"listing {n} stored jobs enumerated layouts {layouts} times"
+        assert validations <= n
+        for _ in range(3):
+            assert c.get("/v1/jobs?limit=200").status_code == 200
+        assert layouts == 0
+        assert validations <= n, f"{validations} validations over 4 listings of {n} jobs"
+        shown = first.json()["items"][0]["spec"]
+        assert shown["cost"]["layout"] == "auto" and shown["cost"]["devices"] == 64
