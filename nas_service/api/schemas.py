@@ -487,6 +487,22 @@ WorkloadIn = _model_of(Workload, "WorkloadIn")
 ParallelismIn = _model_of(Parallelism, "ParallelismIn")
 
 
+#: `POST /v1/cost` under `layout: fixed` (given, or left out): the layout search's fields
+#: stay at their defaults (`api/cost.py` refuses them otherwise, naming the field).
+_FIXED: dict[str, Any] = {
+    "not": {"required": ["layout"], "properties": {"layout": {"const": "auto"}}}
+}
+_FIXED_TAKES: dict[str, Any] = {
+    "properties": {
+        "feasible_layouts": {"const": 0},
+        "devices": {"type": "null"},
+        "global_batch": {"type": "null"},
+        "memory_cap_bytes": {"type": "null"},
+        "max_virtual": {"const": 4},
+    }
+}
+
+
 class CostRequest(BaseModel):
     """Strict: a number given as a string, a boolean as a number, … is refused (422).
 
@@ -497,7 +513,9 @@ class CostRequest(BaseModel):
     `feasible_layouts` fastest feasible ones; it takes no `parallelism`, nor the workload's
     `micro_batch`, `microbatches` or `recompute` (it searches them)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"if": _FIXED, "then": _FIXED_TAKES}
+    )
 
     arch: ArchIn  # type: ignore[valid-type]
     workload: WorkloadIn = Field(default_factory=WorkloadIn)  # type: ignore[valid-type]
@@ -510,7 +528,12 @@ class CostRequest(BaseModel):
         default=None, gt=0, le=MAX_MEMORY_CAP_BYTES, allow_inf_nan=False
     )
     max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
-    feasible_layouts: int = Field(default=0, ge=0, le=MAX_FEASIBLE_LISTED)
+    feasible_layouts: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_FEASIBLE_LISTED,
+        description="layout: auto only: list this many of the fastest feasible layouts",
+    )
 
 
 class CostRead(BaseModel):

@@ -145,7 +145,9 @@ def _axis_kind(value: Any) -> str:
 
 #: Either explicit choices `[2, 4, 8]` or a range `{low: 2, high: 8, step: 2}`.
 IntAxis = Annotated[
-    Annotated[IntRange, Tag("range")] | Annotated[list[int], Tag("choices")],
+    Annotated[IntRange, Tag("range")]
+    # at least one value (`_check_choices` refuses an empty list; the schema says so too)
+    | Annotated[list[int], Field(json_schema_extra={"minItems": 1}), Tag("choices")],
     Discriminator(_axis_kind),
 ]
 
