@@ -583,7 +583,7 @@ CHECK_CASES = [
     ),
 ]
 #: The training axes: values per axis, runs of the job (counted, never built).
-TRAINING_CHECK_CASES = [
+TRAINING_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
         "lr-choices-too-many",
         with_(("training.lr", [1e-4 * (i + 1) for i in range(20)])),
