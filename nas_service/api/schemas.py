@@ -11,17 +11,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import typing
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    create_model,
-    field_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from typing_extensions import TypeAliasType
 
 from cost_model import (
@@ -57,16 +49,10 @@ Scalar = int | float | str | bool | None
 Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
 
 
-def _spec_kind(value: Any) -> str:
-    return "spec" if isinstance(value, JobSpec) else "stored"
-
-
 #: A job's spec (`JobSpec`), or the mapping stored for a job whose spec this version no longer
-#: reads (`spec.read_stored`). Told apart by type, so a `JobSpec` is never validated again.
-StoredOrSpec = Annotated[
-    Annotated[JobSpec, Tag("spec")] | Annotated[dict[str, Value], Tag("stored")],
-    Discriminator(_spec_kind),
-]
+#: reads (`spec.read_stored`). A `JobSpec` instance is taken as it is (never validated again);
+#: a valid spec is also a mapping, so the document says `anyOf`.
+StoredOrSpec = JobSpec | dict[str, Value]
 
 
 class RungProgress(BaseModel):
