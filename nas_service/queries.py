@@ -104,9 +104,7 @@ def stored_spec(job: Job) -> StoredSpec:
 
 def job_results(cache: ResultsCache, job: Job) -> JobResults:
     stored = stored_spec(job)
-    _, budgets = stored.budget
-    single = budgets[0] if len(budgets) == 1 else None
-    return cache.get(job.study_name, stored.objectives, single, job_id=job.id)
+    return cache.get(job.study_name, stored.objectives, stored.single_budget, job_id=job.id)
 
 
 @dataclass(frozen=True)

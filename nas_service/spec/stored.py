@@ -64,6 +64,19 @@ class StoredSpec:
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
         ]
 
+    @property
+    def single_budget(self) -> float | None:
+        """The one budget of every candidate; None where the budget is a list (a searched
+        axis, each trial's own) or unreadable."""
+        raw = self.data.get("budget")
+        if self.spec is not None:
+            b = self.spec.budget
+            value = b.flops if b.flops is not None else b.tokens
+            return None if isinstance(value, list) or value is None else float(value)
+        _, values = self.budget
+        value = (raw.get("flops") or raw.get("tokens")) if isinstance(raw, dict) else None
+        return values[0] if values and not isinstance(value, list) else None
+
 
 def read_stored(data: Any) -> StoredSpec:
     """The stored spec `data` as a `StoredSpec` (never raises for what a row may hold)."""
