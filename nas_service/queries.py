@@ -8,15 +8,16 @@ errors (`JobNotFound`, `NothingYet`) that the API renders."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
 import tempfile
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
@@ -50,7 +51,7 @@ from nas_service.results import (
 )
 from nas_service.rungs import expected_compute, rung_progress
 from nas_service.search import runs_of
-from nas_service.spec import CandidateSpace, JobSpec, decode_residual
+from nas_service.spec import CandidateSpace, JobSpec, StoredSpec, decode_residual, read_stored
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +77,34 @@ def job_row(session: Session, cache: ResultsCache, job_id: str) -> Job:
     return cache.recent(("job", job_id), read)
 
 
+#: Stored specs read back, per job id, at most (`stored_spec`).
+STORED_SPECS = 4096
+_stored: collections.OrderedDict[str, StoredSpec] = collections.OrderedDict()
+_stored_lock = threading.Lock()
+
+
+def stored_spec(job: Job) -> StoredSpec:
+    """The job's spec as stored, read back (`spec.read_stored`: never the layout search of
+    `layout: auto`, counted at submission) once per process: a job's spec never changes
+    after its submission. A row this version no longer reads carries the reason."""
+    with _stored_lock:
+        hit = _stored.get(job.id)
+        if hit is not None:
+            _stored.move_to_end(job.id)
+            return hit
+    read = read_stored(job.spec)
+    if read.spec is None:
+        log.warning("job %s: its stored spec is no longer valid: %s", job.id, read.reason)
+    with _stored_lock:
+        _stored[job.id] = read
+        while len(_stored) > STORED_SPECS:
+            _stored.popitem(last=False)
+    return read
+
+
 def job_results(cache: ResultsCache, job: Job) -> JobResults:
-    spec = job.spec
-    budget = spec["budget"].get("flops") or spec["budget"].get("tokens")
-    single = None if isinstance(budget, list) else float(budget)
-    return cache.get(job.study_name, list(spec["objectives"]), single, job_id=job.id)
+    stored = stored_spec(job)
+    return cache.get(job.study_name, stored.objectives, stored.single_budget, job_id=job.id)
 
 
 @dataclass(frozen=True)
@@ -93,15 +117,17 @@ class RunPlan:
     per_trial: float
 
 
-def _run_plan(spec: JobSpec, rows: list[TrialRow], counted: list[TrialRow], n: int) -> RunPlan:
+def _run_plan(
+    spec: JobSpec | None, rows: list[TrialRow], counted: list[TrialRow], n: int
+) -> RunPlan:
     """Each trial asked for counts the runs of its own variant (a counted trial all of them,
-    a running one those finished); each trial still to come the mean over the variants."""
-    try:
+    a running one those finished); each trial still to come the mean over the variants. A
+    spec this version no longer reads (None) plans one run per trial."""
+    mean, planned = 1.0, {}
+    if spec is not None:
         labels = [decode_residual(str(v))["variant"] for v in residual_choices(spec)]
         mean = sum(runs_of(spec, v) for v in labels) / len(labels)
         planned = {r.trial_id: runs_of(spec, r.variant) if r.variant else round(mean) for r in rows}
-    except (AttributeError, TypeError, ValueError, KeyError):  # a spec this version can't read
-        mean, planned = float(spec.seeds if isinstance(spec.seeds, int) else 1), {}
     running = [r for r in rows if r.state == TrialStatus.RUNNING]
     asked = [*counted, *running]
     done = sum(planned.get(r.trial_id, round(mean)) for r in counted)
@@ -123,11 +149,11 @@ class Tally:
     run_times: tuple[float, ...]
 
 
-def _tally(job: Job, stored: JobSpec, results: JobResults, fidelity: bool) -> Tally:
+def _tally(job: Job, stored: JobSpec | None, kind: str, results: JobResults) -> Tally:
     rows = [r for r in results.rows if not r.lost]
     counted = results.counted()
     outcome = [r.outcome for r in counted]
-    kind = "flops" if job.spec["budget"].get("flops") is not None else "tokens"
+    fidelity = stored is not None and stored.fidelity is not None
     plan = _run_plan(stored, rows, counted, job.n_trials)
     key = "flops_spent" if kind == "flops" else "tokens_seen"
     return Tally(
@@ -142,7 +168,9 @@ def _tally(job: Job, stored: JobSpec, results: JobResults, fidelity: bool) -> Ta
             diverged=outcome.count(TrialOutcome.DIVERGED),
             runs_done=plan.done,
             runs_total=plan.total,
-            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)] if fidelity else [],
+            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)]
+            if stored is not None and fidelity
+            else [],
         ),
         per_trial=plan.per_trial,
         spent=sum(t.get(key, 0.0) or 0.0 for r in rows for t in r.train),
@@ -159,28 +187,26 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     (settings × seeds, counted as each run finishes), the compute spent of its budget, and
     an ETA: the mean time of a finished run × the runs left ÷ the job's concurrency. The
     trials' tally is memoised per state of the study; the ETA is the row's and the clock's."""
-    spec = job.spec
-    budget = spec["budget"]
-    kind = "flops" if budget.get("flops") is not None else "tokens"
-    values = budget[kind] if isinstance(budget[kind], list) else [budget[kind]]
-    stored = _stored_spec(job)
-    fidelity = getattr(stored, "fidelity", None) is not None
+    read = stored_spec(job)
+    stored = read.spec  # None: a spec this version no longer reads (`read.reason` says why)
+    kind, values = read.budget
+    fidelity = stored is not None and stored.fidelity is not None
     tally = results.memoised(
-        ("summary", job.id, job.n_trials), lambda: _tally(job, stored, results, fidelity)
+        ("summary", job.id, job.n_trials), lambda: _tally(job, stored, kind, results)
     )
-    per_trial = sum(values) / len(values) * tally.per_trial
+    per_trial = sum(values) / len(values) * tally.per_trial if values else 0.0
     spent = tally.spent
     total = per_trial * job.n_trials
     runs_total, runs_done = tally.progress.runs_total, tally.progress.runs_done
     run_times = tally.run_times
     eta = None
-    if fidelity:  # the plan's expected compute; the ETA from the rate of compute so far
+    if stored is not None and fidelity:  # the plan's expected compute; the ETA from its rate
         total *= expected_compute(stored)
         elapsed = _elapsed_s(job)
         if job.status.active and spent > 0 and elapsed is not None:
             eta = max(0.0, elapsed * (total - spent) / spent)
     elif job.status.active and run_times:
-        concurrency = max(1, spec.get("max_concurrent", 1))
+        concurrency = max(1, stored.max_concurrent if stored is not None else 1)
         eta = sum(run_times) / len(run_times) * (runs_total - runs_done) / concurrency
     return JobRead(
         id=job.id,
@@ -188,7 +214,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
         status=job.status,
         n_trials=job.n_trials,
         study_name=job.study_name,
-        objectives=list(spec["objectives"]),
+        objectives=read.objectives,
         created_at=job.created_at,
         started_at=job.started_at,
         finished_at=job.finished_at,
@@ -198,7 +224,8 @@ def summarise(job: Job, results: JobResults) -> JobRead:
             kind=kind, spent=spent, budget=total, fraction=spent / total if total else 0.0
         ),
         eta_s=eta,
-        spec=stored,
+        spec=stored if stored is not None else read.data,
+        spec_error=read.reason,
     )
 
 
@@ -214,7 +241,7 @@ def _elapsed_s(job: Job) -> float | None:
 def new_job(job: Job) -> JobRead:
     """A job just submitted: its study has no trial yet (nothing is read for it, so the
     submission's transaction ends as soon as it can)."""
-    return summarise(job, JobResults(job.study_name, list(job.spec["objectives"]), []))
+    return summarise(job, JobResults(job.study_name, stored_spec(job).objectives, []))
 
 
 def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
@@ -224,16 +251,6 @@ def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
     job = cancel_job(session, job_id)
     cache.forget(("job", job_id))
     return summarise(job, results)
-
-
-def _stored_spec(job: Job) -> JobSpec:
-    """The job's spec as stored (`JobSpec.model_dump`), read back as a `JobSpec`; one this
-    version no longer reads (its runner fails the job) is shown as it was stored."""
-    try:
-        return JobSpec.model_validate(job.spec)
-    except ValidationError:
-        log.warning("job %s: its stored spec is no longer a valid JobSpec", job.id)
-        return JobSpec.model_construct(**job.spec)
 
 
 def read_job(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
@@ -269,19 +286,21 @@ def trial_page(
 ) -> TrialList:
     results = job_results(cache, job_row(session, cache, job_id))
 
-    def answer() -> TrialList:
-        rows = [
+    def matching() -> list[TrialRow]:
+        return [
             r
             for r in results.rows
             if (state is None or r.state == state) and (variant is None or r.variant == variant)
         ]
-        page = rows[offset : offset + limit]
-        return TrialList(
-            items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
-        )
 
-    # pollers ask for the same page again and again: once per state of the study
-    return results.memoised(("trials", state, variant, curve, limit, offset), answer)
+    # the rows a filter keeps, once per state of the study (a list of the table's own rows);
+    # a page of them is built on each request, never kept: a client asking for ever new
+    # pages would otherwise fill the memory with them
+    rows = results.memoised(("trials", state, variant), matching)
+    page = rows[offset : offset + limit]
+    return TrialList(
+        items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
+    )
 
 
 def pareto(
@@ -348,14 +367,17 @@ def landscape(session: Session, cache: ResultsCache, job_id: str) -> LandscapeRe
     from nas_service.landscape import landscape as record
 
     job = job_row(session, cache, job_id)
+    read = stored_spec(job)
+    if read.spec is None:  # a landscape is replayed from its spec
+        raise NothingYet("job_id", f"the stored spec is no longer valid: {read.reason}")
     results = job_results(cache, job)
     meta = LandscapeJobRead(
         id=job.id,
         name=job.name,
         status=job.status,
         study_name=job.study_name,
-        objectives=list(job.spec["objectives"]),
-        spec=_stored_spec(job),
+        objectives=read.objectives,
+        spec=read.spec,
     )
     return results.memoised(
         ("landscape",), lambda: record(meta, [_trial(r, curve=True) for r in results.rows])
@@ -371,11 +393,8 @@ def residual_choices(spec: JobSpec) -> list[str]:
 def residual_labels(job: Job) -> list[str]:
     """The job's residual variants as the comparisons name them (none for a stored spec this
     version no longer reads)."""
-    try:
-        spec = JobSpec.model_validate(job.spec)
-    except ValidationError:
-        return []
-    return residual_choices(spec)
+    spec = stored_spec(job).spec
+    return [] if spec is None else residual_choices(spec)
 
 
 def _comparison(results: JobResults, reference: str, level: float) -> dict[str, Any]:

@@ -17,10 +17,12 @@ states of the study's unfinished trials."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import gc
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -278,28 +280,65 @@ class JobResults:
     objectives: list[str]
     rows: list[TrialRow] = field(default_factory=list)
     fingerprint: Fingerprint = (0, False, ())
-    memo: dict[Any, Any] = field(default_factory=dict)  # query answers for this fingerprint
+    #: query answers for this fingerprint, least recently used first, and their sizes
+    memo: collections.OrderedDict[Any, Any] = field(default_factory=collections.OrderedDict)
+    memo_bytes: int = 0
+    #: what the memo may hold, in bytes (estimated: `approx_bytes`)
+    memo_limit: int = 0
+    _sizes: dict[Any, int] = field(default_factory=dict, repr=False, compare=False)
     _guard: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     _computing: dict[Any, threading.Lock] = field(default_factory=dict, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        if self.memo_limit <= 0:
+            self.memo_limit = MEMO_BYTES
+
     def memoised(self, key: Any, compute: Callable[[], T]) -> T:
-        """The answer to a query, computed once per state of the study (at most
-        `MEMO_LIMIT` kept per state: a client asking for ever new pages is answered, not
-        remembered). Computed once even when several requests ask at the same time: the
-        later ones wait for the first one's answer (a page's first visit asks several
-        queries at once, each over the same profile); an exception is never kept."""
-        if key in self.memo:
-            hit: T = self.memo[key]
-            return hit
+        """The answer to a query, computed once per state of the study and kept while the
+        memo's answers fit in `memo_limit` bytes (at most `MEMO_LIMIT` of them): the least
+        recently used go first, and an answer larger than the whole limit is answered, not
+        kept. Computed once even when several requests ask at the same time: the later ones
+        wait for the first one's answer (a page's first visit asks several queries at once,
+        each over the same profile); an exception is never kept."""
         with self._guard:
-            if len(self._computing) >= MEMO_LIMIT:
-                return compute()
-            lock = self._computing.setdefault(key, threading.Lock())
-        with lock:
-            if key not in self.memo:
-                self.memo[key] = compute()
-            value: T = self.memo[key]
-            return value
+            if key in self.memo:
+                self.memo.move_to_end(key)
+                hit: T = self.memo[key]
+                return hit
+            if len(self._computing) >= MEMO_LIMIT:  # that many distinct queries at once
+                lock = None
+            else:
+                lock = self._computing.setdefault(key, threading.Lock())
+        if lock is None:
+            return compute()
+        try:
+            with lock:
+                with self._guard:
+                    if key in self.memo:
+                        kept: T = self.memo[key]
+                        return kept
+                value = compute()
+                self._keep(key, value)
+                return value
+        finally:
+            with self._guard:
+                if self._computing.get(key) is lock:  # those waiting on it hold it
+                    del self._computing[key]
+
+    def _keep(self, key: Any, value: Any) -> None:
+        """Keep `value` under `key` if it fits, evicting the least recently used answers."""
+        size = approx_bytes(value, self.memo_limit)
+        if size > self.memo_limit:
+            return
+        with self._guard:
+            while self.memo and (
+                self.memo_bytes + size > self.memo_limit or len(self.memo) >= MEMO_LIMIT
+            ):
+                old, _ = self.memo.popitem(last=False)
+                self.memo_bytes -= self._sizes.pop(old, 0)
+            self.memo[key] = value
+            self._sizes[key] = size
+            self.memo_bytes += size
 
     def counted(self) -> list[TrialRow]:
         return [r for r in self.rows if not r.lost and r.state.finished]
@@ -313,8 +352,45 @@ class JobResults:
         return self.memoised(("profile",), lambda: profiles.profile(self.counted()))
 
 
-#: Answers kept per state of a study (`JobResults.memoised`).
+#: Answers kept per state of a study at most (`JobResults.memoised`).
 MEMO_LIMIT = 1024
+#: Bytes of answers kept per state of a study at most (`JobResults.memoised`).
+MEMO_BYTES = 32 << 20
+
+
+def approx_bytes(value: Any, limit: int) -> int:
+    """An estimate of the memory `value` holds (`sys.getsizeof` of everything it reaches,
+    each object once), stopping as soon as it passes `limit`. A table's rows (`TrialRow`)
+    are not counted: the table holds them anyway, and an answer refers to them."""
+    seen: set[int] = set()
+    stack = [value]
+    total = 0
+    while stack and total <= limit:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, TrialRow):
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, str | bytes | int | float | bool) or obj is None:
+            continue
+        if isinstance(obj, np.ndarray):
+            total += int(obj.nbytes)
+        elif isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, list | tuple | set | frozenset):
+            stack.extend(obj)
+        else:
+            attrs = getattr(obj, "__dict__", None)
+            if attrs is not None:
+                stack.append(attrs)
+            for extra in ("__pydantic_extra__", "__pydantic_fields_set__"):
+                if getattr(obj, extra, None) is not None:
+                    stack.append(getattr(obj, extra))
+            for slot in getattr(type(obj), "__slots__", ()):
+                if isinstance(slot, str) and hasattr(obj, slot):
+                    stack.append(getattr(obj, slot))
+    return total
 
 
 def _unfinished(rows: list[TrialRow]) -> tuple[tuple[int, str], ...]:
@@ -351,22 +427,45 @@ def _no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
+#: What a service keeps of every study's tables and their answers, in bytes (estimated).
+CACHE_BYTES = 768 << 20
+#: Rows of a table whose size is measured to estimate the whole table's (`table_bytes`).
+SIZE_SAMPLE = 64
+
+
+def table_bytes(rows: list[TrialRow]) -> int:
+    """An estimate of the memory a table's rows hold: the size of up to `SIZE_SAMPLE` rows
+    spread over the table, scaled to all of them (a row's size is mostly its curve and its
+    training summary, alike across a job)."""
+    if not rows:
+        return 0
+    step = max(1, len(rows) // SIZE_SAMPLE)
+    sample = rows[::step]
+    measured = sum(approx_bytes(vars(r), 1 << 62) for r in sample)
+    return int(measured / len(sample) * len(rows)) + sys.getsizeof(rows)
+
+
 class ResultsCache:
-    """Per-study result tables, refreshed when the study's fingerprint changes."""
+    """Per-study result tables, refreshed when the study's fingerprint changes. The tables
+    and their memoised answers together are kept within `max_bytes` (estimated): past it,
+    the tables read least recently are dropped (a later read loads them again)."""
 
     def __init__(
         self,
         storage: optuna.storages.RDBStorage,
         fresh_s: float = 0.0,
         job_runs: bool = False,
+        max_bytes: int = CACHE_BYTES,
     ) -> None:
         self.storage = storage
         self.fresh_s = fresh_s
+        self.max_bytes = max_bytes
         # a job's run rows (the service's tables, same database) tell when its study changed;
         # they are read on the storage's own pool, never on the requests' (see `_runs`)
         self.job_runs = job_runs
         self._jobs: dict[str, str] = {}  # study name -> job id
-        self._cache: dict[str, JobResults] = {}
+        self._cache: collections.OrderedDict[str, JobResults] = collections.OrderedDict()
+        self._sizes: dict[str, int] = {}  # study name -> its table's bytes (`table_bytes`)
         self._study_ids: dict[str, int] = {}
         self._checked: dict[str, tuple[float, Fingerprint]] = {}
         self._recent: dict[Any, tuple[float, Any]] = {}
@@ -474,7 +573,10 @@ class ResultsCache:
         fp = self._fingerprint(study_name)
         with self._lock:
             cached = self._cache.get(study_name)
+            if cached is not None:
+                self._cache.move_to_end(study_name)
         if cached is not None and cached.fingerprint == fp:
+            self._evict(study_name)  # its memo may have grown since
             return cached
         read_at = time.monotonic()
         with _no_cycle_collection():
@@ -483,10 +585,33 @@ class ResultsCache:
         runs = fp[2] if study_name in self._jobs and self.job_runs else None
         table = (len(rows), False, runs if runs is not None else _unfinished(rows))
         results = JobResults(study_name, objectives, rows, table)
+        size = table_bytes(rows)
         with self._lock:
             self._cache[study_name] = results
+            self._cache.move_to_end(study_name)
+            self._sizes[study_name] = size
         self._checked[study_name] = (read_at, results.fingerprint)  # current as of its read
+        self._evict(study_name)
         return results
+
+    def held_bytes(self) -> int:
+        """What the cached tables and their memos hold (estimated)."""
+        with self._lock:
+            return sum(self._sizes.get(n, 0) + t.memo_bytes for n, t in self._cache.items())
+
+    def _evict(self, keep: str) -> None:
+        """Drop the tables read least recently (never `keep`, the one being read) while the
+        tables and their memos hold more than `max_bytes`."""
+        with self._lock:
+            held = sum(self._sizes.get(n, 0) + t.memo_bytes for n, t in self._cache.items())
+            for name in list(self._cache):
+                if held <= self.max_bytes:
+                    break
+                if name == keep:
+                    continue
+                table = self._cache.pop(name)
+                held -= self._sizes.pop(name, 0) + table.memo_bytes
+                self._checked.pop(name, None)
 
     def _refresh(
         self,

@@ -84,7 +84,7 @@ from nas_service.search import (
     tune_settings,
 )
 from nas_service.settings import Settings, get_settings
-from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, parse_spec
+from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, read_stored
 from nas_service.study_cache import OwnedTrials, set_user_attrs
 from workers.contract import EvalPoint, TrainResult
 
@@ -150,10 +150,10 @@ class Runner(TrialOutcomes):
     # -- bookkeeping ---------------------------------------------------------------------
     def _job(self, job: Job) -> ActiveJob:
         if job.id not in self.jobs:
-            try:
-                spec = parse_spec(job.spec)
-            except SpecError as exc:
-                raise JobBroken(f"the stored spec is no longer valid: {exc}") from None
+            stored = read_stored(job.spec)  # as the API reads it, with the same reason
+            if stored.spec is None:
+                raise JobBroken(f"the stored spec is no longer valid: {stored.reason}")
+            spec = stored.spec
             try:
                 corpus = locate_corpus(spec.training.corpus, self.settings)
             except SpecError as exc:

@@ -11,6 +11,9 @@ environment gives them in lower case). The artifact store of multi-fidelity jobs
 
 from __future__ import annotations
 
+import contextlib
+import math
+import os
 import re
 from pathlib import Path
 
@@ -41,6 +44,48 @@ class ClusterSettings(BaseModel):
         return value
 
 
+#: The default limit on one candidate's training FLOPs: about a day of one accelerator
+#: sustaining 1e13 FLOP/s (a week of a 2-core CPU at 1e12 FLOP/s in all: 6e17). An
+#: operator whose clusters do more raises `DEPTHSCOPE_MAX_BUDGET_FLOPS`.
+DEFAULT_MAX_BUDGET_FLOPS = 1e18
+#: Bytes one parameter takes in training: fp32 weights, gradients and Adam's two moments.
+TRAINING_BYTES_PER_PARAM = 16
+#: `default_max_params` where the machine's memory cannot be read.
+FALLBACK_MAX_PARAMS = 1e9
+#: Where a cgroup v2 container's memory limit is read.
+CGROUP_MEMORY_MAX = Path("/sys/fs/cgroup/memory.max")
+
+
+def machine_memory_bytes() -> int | None:
+    """The memory this process may use: the machine's physical memory, or its container's
+    limit (cgroup v2) where lower; None where neither can be read."""
+    known: list[int] = []
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        known.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    try:
+        limit = CGROUP_MEMORY_MAX.read_text(encoding="ascii").strip()
+    except OSError:
+        limit = ""
+    if limit.isdigit():
+        known.append(int(limit))
+    known = [k for k in known if k > 0]
+    return min(known) if known else None
+
+
+def default_max_params(memory: int | None = None) -> float:
+    """The default limit on one candidate's parameters: as many as `memory` (default: this
+    machine's, `machine_memory_bytes`) holds in training (`TRAINING_BYTES_PER_PARAM` each),
+    rounded down to two significant digits; `FALLBACK_MAX_PARAMS` where it is unknown. A
+    24 GiB machine: 1.6e9. An operator whose workers have more memory raises
+    `DEPTHSCOPE_MAX_PARAMS`."""
+    memory = machine_memory_bytes() if memory is None else memory
+    if not memory or memory <= 0:
+        return FALLBACK_MAX_PARAMS
+    params = memory / TRAINING_BYTES_PER_PARAM
+    scale = 10 ** (math.floor(math.log10(params)) - 1)
+    return float(math.floor(params / scale) * scale)
+
+
 #: A registered corpus name: a letter or underscore, then letters, digits, "_" or "-".
 CORPUS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
@@ -54,7 +99,8 @@ class Settings(BaseSettings):
     clusters: dict[str, ClusterSettings] = Field(default_factory=dict)  # and `local`, below
     api_token: SecretStr | None = None
     max_trials: int = Field(default=1000, ge=1)
-    max_budget_flops: float = Field(default=1e21, gt=0)
+    # training FLOPs of one candidate: a conservative fixed default (`DEFAULT_MAX_BUDGET_FLOPS`)
+    max_budget_flops: float = Field(default=DEFAULT_MAX_BUDGET_FLOPS, gt=0)
     max_concurrent_jobs: int = Field(default=8, ge=1)
     max_concurrent_trials: int = Field(default=64, ge=1)
     max_seeds: int = Field(default=5, ge=1)
@@ -63,7 +109,9 @@ class Settings(BaseSettings):
     # Operator limits on one job; a spec over any is refused with the field, value and limit.
     max_budget_tokens: float = Field(default=1e13, gt=0)  # training tokens per candidate
     max_job_flops: float = Field(default=1e24, gt=0)  # estimated compute of a whole job
-    max_params: float = Field(default=1e11, gt=0)  # parameters of one candidate
+    # parameters of one candidate: by default what this machine's memory can train
+    # (`default_max_params`)
+    max_params: float = Field(default_factory=lambda: default_max_params(), gt=0)
     max_n_layers: int = Field(default=512, ge=1)
     max_d_model: int = Field(default=32768, ge=1)
     max_seq_len: int = Field(default=131072, ge=2)

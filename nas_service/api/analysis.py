@@ -33,6 +33,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, d
 PNG = {200: {"content": {"image/png": {}}, "description": "A PNG image"}} | responses(
     401, 404, 409, 422, 503
 )
+#: A read that can find nothing to answer yet (a comparison without a shared shape) or a job
+#: it cannot answer for (a stored spec this version no longer reads): a 409.
+JOB_CONFLICT = responses(401, 404, 409, 422, 503)
 
 
 def parse_metrics(metrics: str) -> list[str]:
@@ -127,7 +130,7 @@ def optimum(
     return queries.optimum(session, cache, job_id, bootstrap, profile)
 
 
-@router.get("/{job_id}/compare", response_model=CompareRead, responses=JOB_ERRORS)
+@router.get("/{job_id}/compare", response_model=CompareRead, responses=JOB_CONFLICT)
 def compare(
     job_id: str,
     session: SessionDep,
@@ -162,11 +165,11 @@ def scaling(
     return queries.scaling(session, cache, job_id, reference, loss)
 
 
-@router.get("/{job_id}/landscape", response_model=LandscapeRead, responses=JOB_ERRORS)
+@router.get("/{job_id}/landscape", response_model=LandscapeRead, responses=JOB_CONFLICT)
 def landscape(job_id: str, session: SessionDep, cache: ResultsDep) -> LandscapeRead:
     """The job recorded as a landscape: its spec and every trial with its parameters, costs,
     settings, per-seed runs (tokens, FLOPs, wall time) and curve, and the corpus identity
-    (`depthscope export`)."""
+    (`depthscope export`). A 409 for a job whose stored spec this version no longer reads."""
     return queries.landscape(session, cache, job_id)
 
 

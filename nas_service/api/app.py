@@ -1,4 +1,5 @@
-"""`create_app(settings)`: the HTTP API, versioned under /v1, OpenAPI at /docs, and the web
+"""`create_app(settings)`: the HTTP API, versioned under /v1, OpenAPI at /openapi.json and
+its explorer at /docs (`api/docs.py`: from the service's own files, no CDN), and the web
 dashboard at / (`nas_service.dashboard`; its reads in `api/dashboard_api.py`).
 
 With `run_clusters`, the app also starts one runner process per named cluster (the
@@ -22,7 +23,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from nas_service import dashboard
-from nas_service.api import analysis, cost, dashboard_api, errors, health, jobs
+from nas_service.api import analysis, cost, dashboard_api, docs, errors, health, jobs
 from nas_service.api.routing import BodyLimit, RequestTimer
 from nas_service.db import make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage
@@ -100,6 +101,10 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
         version="0.1.0",
         description="Architecture search and cost modelling for Transformer residual connections.",
         lifespan=lifespan,
+        # the explorer is served from the service's own files (`api/docs.py`), not a CDN
+        docs_url=None,
+        redoc_url=None,
+        swagger_ui_oauth2_redirect_url=None,
     )
     app.state.settings = settings
     app.state.runners = {}
@@ -119,6 +124,7 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     for router in routers:  # health needs no token; the others declare it (`routing.SECURED`)
         app.include_router(router)
     dashboard.install(app)  # the page at / and its files (no token: the page asks for it)
+    docs.install(app)  # the API explorer at /docs, from the service's own files
     every = (*routers, dashboard.router)
     app.state.routes = [r for router in every for r in router.routes if isinstance(r, APIRoute)]
     if settings.api_token is None:

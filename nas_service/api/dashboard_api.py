@@ -15,7 +15,8 @@
 - `GET /v1/jobs/{id}/trials/{number}`: one trial, with its learning curve.
 
 Every answer is memoised per state of the job's study (`JobResults.memoised`), as the
-API's other reads are.
+API's other reads are, but for the table's pages: its sorted rows are, and a page is cut from
+them on each request.
 """
 
 from __future__ import annotations
@@ -261,9 +262,9 @@ def table(
     """A page of the job's trials (but those lost to a crash), filtered by state, variant
     (bare or labelled) and shape, sorted by `sort` (trials without the value last)."""
     results = queries.job_results(cache, queries.job_row(session, cache, job_id))
-    key = ("dashboard-table", sort, descending, state, variant, n_layers, d_model, limit, offset)
+    key = ("dashboard-table", sort, descending, state, variant, n_layers, d_model)
 
-    def answer() -> TrialList:
+    def ordered() -> list[TrialRow]:
         rows = [
             r
             for r in results.rows
@@ -277,15 +278,17 @@ def table(
         known = [r for r in rows if order(r)[0] is not None]
         missing = [r for r in rows if order(r)[0] is None]
         known.sort(key=order, reverse=descending)
-        page = (known + missing)[offset : offset + limit]
-        return TrialList(
-            items=[TrialRead.model_validate(r.as_dict()) for r in page],
-            total=len(rows),
-            limit=limit,
-            offset=offset,
-        )
+        return known + missing
 
-    return results.memoised(key, answer)
+    # the sorted rows once per state of the study (the table's own rows, a list of
+    # references); the page is built on each request and never kept (see `queries.trial_page`)
+    rows = results.memoised(key, ordered)
+    return TrialList(
+        items=[TrialRead.model_validate(r.as_dict()) for r in rows[offset : offset + limit]],
+        total=len(rows),
+        limit=limit,
+        offset=offset,
+    )
 
 
 @router.get("/jobs/{job_id}/trials/{number}", response_model=TrialRead, responses=JOB_ERRORS)

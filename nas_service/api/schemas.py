@@ -49,6 +49,12 @@ Scalar = int | float | str | bool | None
 Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
 
 
+#: A job's spec (`JobSpec`), or the mapping stored for a job whose spec this version no longer
+#: reads (`spec.read_stored`). A `JobSpec` instance is taken as it is (never validated again);
+#: a valid spec is also a mapping, so the document says `anyOf`.
+StoredOrSpec = JobSpec | dict[str, Value]
+
+
 class RungProgress(BaseModel):
     rung: int
     fraction: float
@@ -95,7 +101,10 @@ class JobRead(BaseModel):
     progress: Progress
     compute: Compute
     eta_s: float | None
-    spec: JobSpec
+    #: the spec as submitted; a stored spec this version no longer reads: the row as stored
+    #: (non-finite numbers as "NaN", "Infinity", "-Infinity"), and `spec_error` says why
+    spec: StoredOrSpec
+    spec_error: str | None = None
 
     @field_validator("created_at", "started_at", "finished_at")
     @classmethod
@@ -464,6 +473,22 @@ WorkloadIn = _model_of(Workload, "WorkloadIn")
 ParallelismIn = _model_of(Parallelism, "ParallelismIn")
 
 
+#: `POST /v1/cost` under `layout: fixed` (given, or left out): the layout search's fields
+#: stay at their defaults (`api/cost.py` refuses them otherwise, naming the field).
+_FIXED: dict[str, Any] = {
+    "not": {"required": ["layout"], "properties": {"layout": {"const": "auto"}}}
+}
+_FIXED_TAKES: dict[str, Any] = {
+    "properties": {
+        "feasible_layouts": {"const": 0},
+        "devices": {"type": "null"},
+        "global_batch": {"type": "null"},
+        "memory_cap_bytes": {"type": "null"},
+        "max_virtual": {"const": 4},
+    }
+}
+
+
 class CostRequest(BaseModel):
     """Strict: a number given as a string, a boolean as a number, … is refused (422).
 
@@ -474,7 +499,9 @@ class CostRequest(BaseModel):
     `feasible_layouts` fastest feasible ones; it takes no `parallelism`, nor the workload's
     `micro_batch`, `microbatches` or `recompute` (it searches them)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, json_schema_extra={"if": _FIXED, "then": _FIXED_TAKES}
+    )
 
     arch: ArchIn  # type: ignore[valid-type]
     workload: WorkloadIn = Field(default_factory=WorkloadIn)  # type: ignore[valid-type]
@@ -487,7 +514,12 @@ class CostRequest(BaseModel):
         default=None, gt=0, le=MAX_MEMORY_CAP_BYTES, allow_inf_nan=False
     )
     max_virtual: int = Field(default=4, ge=1, le=MAX_SEARCH_VIRTUAL)
-    feasible_layouts: int = Field(default=0, ge=0, le=MAX_FEASIBLE_LISTED)
+    feasible_layouts: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_FEASIBLE_LISTED,
+        description="layout: auto only: list this many of the fastest feasible layouts",
+    )
 
 
 class CostRead(BaseModel):

@@ -98,6 +98,7 @@ from nas_service.spec.space import (
     decode_residual,
     encode_residual,
 )
+from nas_service.spec.stored import STORED, StoredSpec, parse_spec_stored, read_stored
 
 __all__ = [
     "AXES",
@@ -118,6 +119,7 @@ __all__ = [
     "MAX_VOCAB",
     "MAX_YAML_DEPTH",
     "OBJECTIVE_METRICS",
+    "STORED",
     "TRAINING_AXES",
     "TRAINING_BOUNDS",
     "ArchDefaults",
@@ -141,6 +143,7 @@ __all__ = [
     "SpecError",
     "SpecFileError",
     "StepCalibration",
+    "StoredSpec",
     "Text",
     "TrainAxis",
     "Training",
@@ -158,7 +161,9 @@ __all__ = [
     "load_yaml_text",
     "locate_corpus",
     "parse_spec",
+    "parse_spec_stored",
     "read_spec_data",
+    "read_stored",
     "read_yaml_mapping",
     "resolve_corpus",
     "space_size",

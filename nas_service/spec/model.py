@@ -147,7 +147,9 @@ def _axis_kind(value: Any) -> str:
 
 #: Either explicit choices `[2, 4, 8]` or a range `{low: 2, high: 8, step: 2}`.
 IntAxis = Annotated[
-    Annotated[IntRange, Tag("range")] | Annotated[list[int], Tag("choices")],
+    Annotated[IntRange, Tag("range")]
+    # at least one value (`_check_choices` refuses an empty list; the schema says so too)
+    | Annotated[list[int], Field(json_schema_extra={"minItems": 1}), Tag("choices")],
     Discriminator(_axis_kind),
 ]
 
@@ -744,11 +746,12 @@ class CostContext(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _layout_fields(self) -> CostContext:
+    def _layout_fields(self, info: ValidationInfo) -> CostContext:
         """`layout: auto` needs `devices` and searches the layout fields (one set to other
         than its default is refused, not ignored); `layout: fixed` takes none of the search's
         fields. The search's size is bounded (`MAX_SEARCH_LAYOUTS`) here, before any candidate
-        is priced. A field at its default counts as not given, so that a stored spec
+        is priced, but for a stored spec read back (context `stored`: counted at its
+        submission). A field at its default counts as not given, so that a stored spec
         (`model_dump`, every field written out) reads back."""
         fields = type(self).model_fields
         given = {f for f in fields if getattr(self, f) != fields[f].default}
@@ -762,6 +765,8 @@ class CostContext(_Strict):
             _refuse([((f,), "layout: auto searches it; leave it out") for f in searched])
         if self.devices is None:
             _refuse([(("devices",), "layout: auto needs the number of devices")])
+        if isinstance(info.context, dict) and info.context.get("stored"):
+            return self
         try:
             self.layout_space().layouts()
         except CostInputError as exc:
@@ -1038,10 +1043,11 @@ class JobSpec(_Strict):
         return len(self.objectives) > 1
 
 
-def parse_spec(data: Any) -> JobSpec:
-    """A `JobSpec` from plain data, or `SpecError` listing every (field, reason)."""
+def parse_spec(data: Any, context: dict[str, Any] | None = None) -> JobSpec:
+    """A `JobSpec` from plain data, or `SpecError` listing every (field, reason). `context`:
+    the validation's (`spec.stored.STORED` for a spec read back from a job row)."""
     try:
-        return JobSpec.model_validate(data)
+        return JobSpec.model_validate(data, context=context)
     except ValidationError as exc:
         raise SpecError(_errors(exc)) from None
 

@@ -4,15 +4,20 @@ named schema), health and the Prometheus metrics."""
 from __future__ import annotations
 
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from nas_service.api.app import create_app
 from nas_service.settings import get_settings
 from tests.service.apikit import (
+    ROOT,
     SPEC,
     _free_port,
     _token_app,
@@ -333,3 +338,124 @@ def test_every_body_has_a_typed_named_schema(tmp_path: Path) -> None:
         },
     }
     assert _untyped(loose) == ["Loose.a", "Loose.b", "Loose.c"]
+
+
+# -- the API explorer and the gaps of the document ------------------------------------------
+def test_docs_come_from_the_service_alone(tmp_path: Path) -> None:
+    """`/docs` names no other origin: its scripts and styles are served by the service (the
+    vendored Swagger UI, byte for byte the files its VERSION names), under a policy that
+    allows this origin alone; ReDoc (a CDN page) is not served."""
+    import hashlib
+    import re
+
+    from nas_service.api.docs import SWAGGER
+
+    with TestClient(_token_app(tmp_path)) as c:
+        page = c.get("/docs")
+        assert page.status_code == 200
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        assert "connect-src 'self'" in page.headers["content-security-policy"]
+        assert "//" not in page.text.replace("<!doctype html>", "")  # no URL of another origin
+        named = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assets = [a for a in named if a != "data:,"]  # the icon: none
+        assert len(assets) == 3 and all(a.startswith("/docs/static/") for a in assets)
+        for asset in assets:
+            served = c.get(asset)
+            assert served.status_code == 200 and served.content, asset
+        init = c.get("/docs/static/init.js").text
+        assert '"/openapi.json"' in init and "validatorUrl: null" in init
+        version = (SWAGGER / "VERSION").read_text()
+        for name in ("swagger-ui-bundle.js", "swagger-ui.css"):
+            digest = hashlib.sha256(c.get(f"/docs/static/{name}").content).hexdigest()
+            assert f"{name} (sha256 {digest})" in version.replace("\n", " "), name
+        assert c.get("/redoc").status_code == 404
+        assert c.get("/docs/oauth2-redirect").status_code == 404
+
+
+#: The API alone, as an operator starts it.
+SERVE = [sys.executable, "-m", "nas_service.cli", "serve", "--no-runner"]
+
+
+def test_the_docs_page_renders_in_a_browser_from_this_origin_alone(tmp_path: Path) -> None:
+    """The real service and headless Chromium: `/docs` renders the document's operations,
+    every request the page makes goes to the service, and the policy blocks nothing (no
+    console error)."""
+    from playwright.sync_api import sync_playwright
+
+    from tests.browser.conftest import chromium_path
+    from tests.service.procs import terminate_session
+
+    port = _free_port()
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [*SERVE, "--port", str(port), "--database-url", f"sqlite:///{tmp_path / 'd.db'}"],
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    origin = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{origin}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        requested: list[str] = []
+        problems: list[str] = []
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=chromium_path(), headless=True)
+            page = browser.new_page()
+            page.on("request", lambda r: requested.append(r.url))
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.on("response", lambda r: problems.append(r.url) if r.status >= 400 else None)
+            page.goto(f"{origin}/docs")
+            page.wait_for_selector(".opblock", timeout=60_000)
+            operations = page.locator(".opblock").count()
+            browser.close()
+    finally:
+        terminate_session(proc, grace=30)
+    assert operations >= 13
+    assert requested and all(u.startswith(origin) or u.startswith("data:") for u in requested), [
+        u for u in requested if not u.startswith(origin)
+    ]
+    assert problems == []
+
+
+def test_openapi_documents_the_compare_conflict_and_the_layout_rules(tmp_path: Path) -> None:
+    """What the service refuses, the document says: `/compare` and `/landscape` answer 409
+    (no shared shape yet; a stored spec this version no longer reads); a searched axis's
+    list has at least one value; under `layout: fixed` the cost request's layout-search
+    fields (`feasible_layouts`, …) stay at their defaults — and a request the schema says
+    so of is refused, one it allows is answered."""
+    from nas_service.api.schemas import CostRequest
+
+    with TestClient(_token_app(tmp_path)) as c:
+        document = c.get("/openapi.json").json()
+        good = {"Authorization": "Bearer s3cret"}
+        arch = {"n_layers": 2, "d_model": 64, "n_heads": 1}
+        assert c.post("/v1/cost", json={"arch": arch}, headers=good).status_code == 200
+        refused = c.post("/v1/cost", json={"arch": arch, "feasible_layouts": 3}, headers=good)
+        assert error(refused, 422)["field"] == "feasible_layouts"
+    paths = document["paths"]
+    error_ref = {"$ref": "#/components/schemas/ErrorBody"}
+    for path in ("/v1/jobs/{job_id}/compare", "/v1/jobs/{job_id}/landscape"):
+        conflict = paths[path]["get"]["responses"]["409"]
+        assert conflict["content"]["application/json"]["schema"] == error_ref
+    schemas = document["components"]["schemas"]
+    n_layers = schemas["SearchSpace"]["properties"]["n_layers"]
+    lists = [o for o in n_layers["oneOf"] if o.get("type") == "array"]
+    assert lists == [{"type": "array", "items": {"type": "integer"}, "minItems": 1}]
+    cost = schemas["CostRequest"]
+    assert cost["if"] == {
+        "not": {"required": ["layout"], "properties": {"layout": {"const": "auto"}}}
+    }
+    fixed = cost["then"]["properties"]
+    assert fixed["feasible_layouts"] == {"const": 0}
+    assert "layout: auto only" in cost["properties"]["feasible_layouts"]["description"]
+    for name, rule in fixed.items():  # each rule is the field's default
+        default = CostRequest.model_fields[name].default
+        assert rule == ({"type": "null"} if default is None else {"const": default}), name

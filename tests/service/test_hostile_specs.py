@@ -500,7 +500,7 @@ CHECK_CASES = [
     (
         "params-target",
         with_(("space.d_model", None), ("space.params_target", {"params": 1e15})),
-        {},
+        {"max_params": 1e11},
         "space.params_target.params",
         "over the limit of 1e+11",
     ),
@@ -514,7 +514,7 @@ CHECK_CASES = [
     (
         "params-per-candidate",
         with_(("space.n_layers", [512]), ("space.d_model", [32768]), ("space.head_dim", 128)),
-        {},
+        {"max_params": 1e11},
         "space",
         "parameters, over the limit of 1e+11",
     ),
@@ -553,7 +553,7 @@ CHECK_CASES = [
     (
         "job-compute-flops",
         with_(("budget", {"flops": 1e21}), ("n_trials", 1000), ("seeds", 5)),
-        {},
+        {"max_budget_flops": 1e21},
         "budget",
         "estimated compute",
     ),
@@ -583,7 +583,7 @@ CHECK_CASES = [
     ),
 ]
 #: The training axes: values per axis, runs of the job (counted, never built).
-TRAINING_CHECK_CASES = [
+TRAINING_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]] = [
     (
         "lr-choices-too-many",
         with_(("training.lr", [1e-4 * (i + 1) for i in range(20)])),
@@ -635,7 +635,7 @@ TRAINING_CHECK_CASES = [
     (
         "job-compute-times-tune",
         with_(("budget", {"flops": 1e21}), ("n_trials", 1000), ("tune", {"lr": [1e-3, 3e-3]})),
-        {},
+        {"max_budget_flops": 1e21},
         "budget",
         "n_trials × seeds × tune settings × 1e+21 FLOPs = 2e+24 FLOPs",
     ),

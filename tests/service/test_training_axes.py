@@ -257,11 +257,11 @@ def test_max_job_runs_names_tune_or_n_trials() -> None:
 def test_the_job_s_compute_counts_the_tune_settings() -> None:
     # 1000 trials × 1 seed × 1e21 FLOPs = 1e24: at the limit; two tune settings: over it
     at_limit = spec_with(("n_trials", 1000), ("budget", {"flops": 1e21}))
-    check_job(at_limit, get_settings())
+    check_job(at_limit, get_settings(max_budget_flops=1e21))
     over = spec_with(
         ("n_trials", 1000), ("budget", {"flops": 1e21}), ("tune", {"lr": [1e-3, 3e-3]})
     )
-    reason = _refused(over)["budget"]
+    reason = _refused(over, max_budget_flops=1e21)["budget"]
     assert "n_trials × seeds × tune settings × 1e+21 FLOPs = 2e+24 FLOPs" in reason
 
 
