@@ -36,7 +36,7 @@ import json
 import sqlite3
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import optuna
 from optuna import distributions
@@ -311,7 +311,7 @@ class OwnedTrials(_CachedStorage):
                         )
                     return
                 trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-                backend.check_trial_is_updatable(trial_id, cast(TrialState, trial.state))
+                backend.check_trial_is_updatable(trial_id, trial.state)
                 session.execute(_attrs_upsert(dialect, rows))
 
         self._write(trial_id, write, _user_attrs=dict(attrs))
