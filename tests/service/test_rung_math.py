@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from nas_service.fidelity import bracket_of, bracket_sizes, promotion_count, run
 from nas_service.rungs import expected_compute, rung_spec, rung_stops
 from nas_service.settings import get_settings
 from nas_service.spec import JobSpec, SpecError, check_job, parse_spec
+from tests.service.apikit import error
 from tests.service.hostile import reason_of, with_
 from workers.contract import TrainSpec
 
@@ -201,3 +203,20 @@ def test_a_job_whose_runs_have_fewer_steps_than_rungs_is_refused_naming_the_rung
     data["budget"] = {"tokens": 1024}
     data["fidelity"] = {"rungs": [0.5, 0.7, 1.0], "reuse": "retrain"}
     assert check_job(parse_spec(data), get_settings())
+
+
+def test_a_job_with_fewer_steps_than_rungs_is_refused_over_http_and_nothing_is_stored(
+    tmp_path: Path,
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+
+    data = with_(("fidelity", {"rungs": [0.5, 0.7, 1.0]}), WSD, ("budget", {"tokens": 1024}))
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'api.db'}"))
+    with TestClient(app) as client:
+        response = client.post("/v1/jobs", json=data)
+        body = error(response, 422)
+        assert body["field"] == "fidelity.rungs", body
+        assert "fewer than the 3 rungs" in body["message"], body
+        assert client.get("/v1/jobs").json()["total"] == 0
