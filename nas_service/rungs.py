@@ -82,14 +82,22 @@ def describe_fidelity(spec: JobSpec) -> str:
 
 def rung_stops(fractions: list[float], first: int, total: int) -> list[int]:
     """The main-line step each rung from `first` on ends at, for a run of `total` steps:
-    `rung_steps` of each fraction, made strictly increasing (a short run whose rungs round to
-    the same step trains at least one more step per rung, never past `total`)."""
+    `rung_steps` of each fraction, made strictly increasing where rounding makes two equal: a
+    rung trains at least one step more than the one before, and leaves at least one step to
+    each rung after it, so the last ends at `total`. A run of fewer steps than the rungs it
+    passes has no such stops: ValueError (`spec.check_job` refuses such a job)."""
+    wanted = fractions[first:]
+    n = len(wanted)
+    if total < n:
+        raise ValueError(
+            f"a run of {total} steps cannot end {n} rungs at steps of their own "
+            "(a rung trains at least one step)"
+        )
     stops: list[int] = []
-    for f in fractions[first:]:
-        stop = rung_steps(f, total)
-        if stops:
-            stop = min(total, max(stop, stops[-1] + 1))
-        stops.append(stop)
+    for i, f in enumerate(wanted):
+        low = stops[-1] + 1 if stops else 1
+        high = total - (n - 1 - i)  # a step left to each later rung
+        stops.append(min(high, max(rung_steps(f, total), low)))
     return stops
 
 

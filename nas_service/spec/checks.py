@@ -305,7 +305,8 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     the job: runs × FLOPs of the largest run), an
     unknown cluster, a corpus from outside the data folder, a space with no valid candidate,
     or a budget too small for one optimizer step of the smallest candidate; with a `fidelity`
-    section, a first rung too small for one optimizer step and an artifact store
+    section, a first rung too small for one optimizer step, fewer steps than rungs (under
+    `reuse: checkpoint`) and an artifact store
     (`settings.artifact_store`) that cannot be written, read and cleaned (checked last: it
     may be remote).
 
@@ -350,7 +351,10 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
         bought = [int(min(budgets))]
     if spec.fidelity is not None:
         # the candidate with the fewest tokens among those the budget trains at all
-        _check_first_rung(spec.fidelity.rungs[0], min(t for t in bought if t >= step_tokens), spec)
+        fewest = min(t for t in bought if t >= step_tokens)
+        _check_first_rung(spec.fidelity.rungs[0], fewest, spec)
+        if spec.fidelity.reuse == "checkpoint":
+            _check_rung_stops(len(spec.fidelity.rungs), fewest // step_tokens)
         _check_store(settings)
     return valid
 
@@ -369,6 +373,22 @@ def _check_first_rung(rung: float, tokens: int, spec: JobSpec) -> None:
                     f"of the candidate with the fewest ({tokens}), fewer than one optimizer "
                     f"step ({step_tokens} = batch_size × seq_len); raise it to at least "
                     f"{step_tokens / tokens:.3g}, or raise the budget",
+                )
+            ]
+        )
+
+
+def _check_rung_stops(rungs: int, steps: int) -> None:
+    """Under `reuse: checkpoint` each rung ends the main line at a step of its own
+    (`rungs.rung_stops`): the candidate with the fewest steps needs one per rung."""
+    if steps < rungs:
+        raise SpecError(
+            [
+                (
+                    "fidelity.rungs",
+                    f"the candidate with the fewest tokens trains {steps} optimizer steps, "
+                    f"fewer than the {rungs} rungs (each ends at a step of its own): use "
+                    "fewer rungs, or raise the budget",
                 )
             ]
         )

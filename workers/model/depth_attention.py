@@ -21,6 +21,17 @@ products; so are the per-token dot products vᵢᵀg of the weight gradients (ba
 products, 2·k·d); the weighted sum and the per-source value gradients are element-wise
 multiply-adds, which a FLOP counter does not count. With an input-dependent query (B, T, d)
 the logits and the query gradient are element-wise too.
+
+Row invariance. Inference (without gradients) gives a sequence the same bits at any row of a
+batch, as the training forward does (on one CPU thread: several threads split small products
+by position, which no model code controls). Two kinds of CPU kernel break it, and the
+inference paths avoid both: a matrix-vector product (one query against the rows, or one
+query's row of a product with the rows on the columns) takes a different code path by a row's
+offset, where a per-row dot product (`vecdot`) or a matrix product with the rows as its rows
+and several queries does not; and `softplus` and `sigmoid` compute a vector's tail in scalar
+code that rounds differently, where `logsigmoid` and `exp` do not (softplus(t) =
+−logsigmoid(−t), σ(t) = exp(logsigmoid(t))). Measured on a CPU with `torch` 2.x: without
+these, a sequence's fp32 logits moved by up to ~1e−6 with its row in the batch.
 """
 
 from __future__ import annotations
@@ -55,6 +66,21 @@ def _logit(query: torch.Tensor, value: torch.Tensor, scale: torch.Tensor | None)
     else:
         logit = torch.linalg.vecdot(v, upcast(query))
     return logit if scale is None else logit.mul_(scale)
+
+
+def _row_logit(
+    query: torch.Tensor, value: torch.Tensor, scale: torch.Tensor | None
+) -> torch.Tensor:
+    """`_logit` for inference, row-invariant (the module's docstring): a pseudo-query's
+    products as per-row dot products, not a matrix-vector product."""
+    logit: torch.Tensor = torch.linalg.vecdot(upcast(value), upcast(query))
+    return logit if scale is None else logit.mul_(scale)
+
+
+def _sigmoid(t: torch.Tensor) -> torch.Tensor:
+    """σ(t) = exp(logsigmoid(t)), row-invariant (the module's docstring), where `sigmoid`
+    is not: inference only."""
+    return F.logsigmoid(t).exp_()
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -151,7 +177,7 @@ def depth_attend(
         if values[0].numel() * n <= STACK_LIMIT:
             return _attend_stacked(query, values, scales, gate)
         logits = torch.stack(
-            [_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
+            [_row_logit(query, v, scales[i] if scales else None) for i, v in enumerate(values)]
         )
         return _weighted_sum(_weights(logits, gate), tuple(values))
     out: torch.Tensor = _DepthAttention.apply(query, gate, n, *values, *(scales or ()))  # type: ignore[no-untyped-call]
@@ -170,7 +196,7 @@ def _attend_stacked(
 ) -> torch.Tensor:
     V = upcast(torch.stack(values, dim=-2))  # (B, T, k, d)
     q = upcast(query)
-    logits = V @ q if q.dim() == 1 else (V @ q[..., None]).squeeze(-1)  # (B, T, k)
+    logits = torch.linalg.vecdot(V, q if q.dim() == 1 else q[..., None, :])  # (B, T, k)
     if scales:
         logits = logits * torch.stack(scales, dim=-1)
     weights = logits.softmax(dim=-1) if gate == "softmax" else _weights(logits, gate)
@@ -203,7 +229,10 @@ def weighted_sum(weights: torch.Tensor, values: list[torch.Tensor]) -> torch.Ten
 
 
 def _phase1(
-    queries: torch.Tensor, values: tuple[torch.Tensor, ...], scales: tuple[torch.Tensor, ...]
+    queries: torch.Tensor,
+    values: tuple[torch.Tensor, ...],
+    scales: tuple[torch.Tensor, ...],
+    row_invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """The Phase-1 arithmetic over the k finished sources stacked once, V (B·T, k, d): logits
     and weights (B·T, k, S), and per query h¹ (B, T, d) and lse¹ (B, T). One output per query
@@ -214,7 +243,10 @@ def _phase1(
     S = queries.shape[0]
     V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
     R = torch.stack(scales, dim=-1).reshape(B * T, n, 1)
-    logits = torch.matmul(V, upcast(queries).T).mul_(R)  # (BT, k, S)
+    if row_invariant and S == 1:  # not a matrix-vector product (the module's docstring)
+        logits = torch.linalg.vecdot(V, upcast(queries))[..., None].mul_(R)  # (BT, k, 1)
+    else:
+        logits = torch.matmul(V, upcast(queries).T).mul_(R)  # (BT, k, S)
     lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (BT, 1, S)
     weights = torch.exp(logits - lse)
     h1 = torch.bmm(weights.transpose(1, 2), V).view(B, T, S, d)
@@ -282,7 +314,7 @@ def block_phase1(
     """Per query of S (S, d) over the finished sources with their `rms_scale`s: the lists of
     h¹ (B, T, d) and of lse¹ (B, T)."""
     if not torch.is_grad_enabled():
-        *_, h1, lse = _phase1(queries, tuple(values), tuple(scales))
+        *_, h1, lse = _phase1(queries, tuple(values), tuple(scales), row_invariant=True)
         return h1, lse
     out = _BlockPhase1.apply(queries, len(values), *values, *scales)  # type: ignore[no-untyped-call]
     S = queries.shape[0]
@@ -294,8 +326,8 @@ def _merge_inference(
 ) -> torch.Tensor:
     pf = upcast(p)
     d = pf.shape[-1]
-    s = F.rms_norm(pf, (d,), eps=layers.NORM_EPS) @ upcast(q)  # (B, T)
-    beta = torch.sigmoid(s - upcast(lse1))
+    s = torch.linalg.vecdot(F.rms_norm(pf, (d,), eps=layers.NORM_EPS), upcast(q))  # (B, T)
+    beta = _sigmoid(s - upcast(lse1))
     return torch.lerp(upcast(h1), pf, beta[..., None]).to(p.dtype)
 
 
@@ -347,20 +379,16 @@ def merge_partial(
 #: elements (a decoding step); larger ones (a long prefill) take Phase 1 per block, whose memory
 #: is the N + 1 block sources and one block's S results, as Block AttnRes promises.
 ONLINE_LIMIT = 1 << 21
-#: softplus(t) = t beyond this, exact to e^−50 (torch's default of 20 drops 2e−9, visible in fp64)
-SOFTPLUS_EXACT = 50.0
 
 
 class ScaledQueries:
     """What `OnlineDepth` takes, made from the static queries (U, d) once per pass: every
-    use's query times √d (`Qs`) and negated (`neg`), each as a (d, 1) column (`cols`), and
-    √(d·ε) as a 0-d tensor (`c`)."""
+    use's query times √d (`Qs`) and negated (`neg`), and √(d·ε) as a 0-d tensor (`c`)."""
 
     def __init__(self, queries: torch.Tensor) -> None:
         d = queries.shape[-1]
         self.Qs = upcast(queries.detach()).mul(math.sqrt(d))
         self.neg = self.Qs.neg()
-        self.cols = self.Qs.unsqueeze(-1).unbind(0)
         c = math.sqrt(d * layers.NORM_EPS)
         self.c = torch.full((), c, dtype=self.Qs.dtype, device=self.Qs.device)
 
@@ -408,7 +436,7 @@ class OnlineDepth:
         B, T, d = v.shape
         v = v.reshape(B * T, d)
         hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1), self.q.c).view(B, T)
-        s = torch.mm(Qs, v.T).view(-1, B, T)
+        s = torch.linalg.vecdot(v, Qs[:, None, :]).view(-1, B, T)  # row-invariant (module docs)
         return s.div_(hyp) if shift is None else torch.addcdiv(shift, s, hyp)
 
     def input(self, use: int) -> torch.Tensor:
@@ -420,8 +448,9 @@ class OnlineDepth:
         with self.off:
             v = self._cast(p)
             hyp = torch.hypot(torch.linalg.vector_norm(v, dim=-1, keepdim=True), q.c)
-            t = torch.addcdiv(self.nlse_cols[use], v @ q.cols[use], hyp)
-            h = torch.lerp(self.inputs[use], v, t.sigmoid_())
+            s = torch.linalg.vecdot(v, q.Qs[use]).unsqueeze(-1)  # row-invariant (module docs)
+            t = torch.addcdiv(self.nlse_cols[use], s, hyp)
+            h = torch.lerp(self.inputs[use], v, _sigmoid(t))
         return h if h.dtype == self.dtype else h.to(self.dtype)
 
     def push(self, value: torch.Tensor, first_use: int) -> None:
@@ -430,8 +459,8 @@ class OnlineDepth:
             v = self._cast(value)
             nlse = self.nlse[f:]
             t = self._logits(self.q.Qs[f:], v, nlse)  # s − lse, (U − f, B, T)
-            nlse -= F.softplus(t, threshold=SOFTPLUS_EXACT)
-            beta = t.sigmoid_().unsqueeze(-1)
+            nlse += F.logsigmoid(t.neg())  # −softplus(t), exact for any t; row-invariant
+            beta = _sigmoid(t).unsqueeze(-1)
             if self.o is None:  # every later use's state so far is the first source
                 self.o, self.o_from = torch.lerp(self.first, v, beta), f
                 self.inputs = self.inputs[:f] + self.o.unbind(0)

@@ -45,6 +45,20 @@ import torch
 from workers.model.depth_attention import rms_scale
 from workers.model.layers import upcast
 
+#: Inference takes a source's logits as per-row dot products up to this many elements of
+#: their products (a decoding step, a short prefill): row-invariant (`depth_attention`'s
+#: docstring). Above it, and when training, one matrix product (a matrix-vector product with
+#: one query is always avoided in inference).
+ROW_PRODUCT_LIMIT = 1 << 21
+
+
+def _products(x: torch.Tensor, Q: torch.Tensor, inference: bool) -> torch.Tensor:
+    """Every row of x (N, d) against every query of Q (k, d): (N, k)."""
+    if inference and (Q.shape[0] == 1 or x.numel() * Q.shape[0] <= ROW_PRODUCT_LIMIT):
+        rows: torch.Tensor = torch.linalg.vecdot(x[:, None, :], Q)
+        return rows
+    return x @ Q.T
+
 
 def _combine(weights: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
     """Per token Σ_k weights[:, k]·X[:, k]: (B·T, k) with (B·T, k, d) → (B·T, d), one batched
@@ -206,7 +220,7 @@ class _Stack:
         v = value.reshape(B * T, d)
         self.V[:, i] = v
         assert self.logits is not None
-        logits = upcast(v) @ self.Q[f:].T  # (B·T, U − f): every later use at once
+        logits = _products(upcast(v), self.Q[f:], inference=self.A is None)  # (B·T, U − f)
         if self.key_norm:
             r = rms_scale(v)
             logits.mul_(r[:, None])
@@ -236,7 +250,7 @@ class _Stack:
                 if m == self.slots:
                     raise ValueError("DepthStack: a source outside the stack needs a free slot")
                 p = upcast(extra.reshape(B * T, d))
-                s = (p @ self.Q[j][:, None]).squeeze(1)  # (B·T,)
+                s = _products(p, self.Q[j : j + 1], inference=self.A is None).squeeze(1)
                 if extra_scale is not None:
                     s = s * extra_scale.reshape(-1)
                 row[:, m] = s

@@ -13,7 +13,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from cost_model import ArchConfig
-from workers.model.layers import KVCache, RMSNorm, TransformerBlock, make_norm, rope_tables
+from workers.model.layers import (
+    KVCache,
+    RMSNorm,
+    TransformerBlock,
+    make_norm,
+    rope_tables,
+    upcast,
+)
 from workers.model.mixers import DepthMixer, Impl, make_mixer
 
 INIT_STD = 0.02  # GPT-2's initialisation scale
@@ -146,7 +153,8 @@ class DepthscopeLM(nn.Module):
         targets: torch.Tensor | None = None,
         schedule: str | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Training path: logits (B, T, V) and, with targets, the mean cross-entropy.
+        """Training path: logits (B, T, V) and, with targets, the mean cross-entropy (fp32 for a
+        16-bit model, else in the model's precision: fp64 stays fp64).
         `schedule` picks the depth schedule (default: the mixer's own)."""
         x = self._embed(idx)
         rope = self._rope(0, idx.shape[1])
@@ -155,7 +163,7 @@ class DepthscopeLM(nn.Module):
         logits = self._logits(h)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
+            loss = F.cross_entropy(upcast(logits).view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
 
     @torch.inference_mode()
