@@ -22,8 +22,14 @@ budget (the same point of every learning-rate schedule, warm-up, stable phase or
   between its two evaluations around f (a peer without evaluations on both sides of f is
   not a peer there);
 - with fewer than `min_peers` peers (default `MIN_PEERS`) nothing is decided;
-- the trial is pruned when its loss at f is above the median of the peers' losses at f
-  (a non-finite loss counts as +∞, above any median).
+- the trial is pruned when its loss at f is above the median m of the peers' losses at f by
+  more than `margin` (default `MARGIN`): loss > m · (1 + margin) (a non-finite loss counts as
+  +∞, above any median). The peers are the survivors of the search so far, and a sampler
+  that has found the good region (TPE) fills the median with the best candidates: without
+  the margin the eventual best, tied with them short of its decay phase, was pruned 0.03%
+  and 0.1% above their median in 2 of 20 TPE seeds on the WSD landscape. A clear loser is
+  far above: there, a third of the way in, the upper quartile of the recorded runs is 4%
+  above their median. Losses are cross-entropies, positive, so the margin is a share.
 
 `pruner: median` keeps Optuna's `MedianPruner` at raw steps (2 startup trials, no warm-up),
 the rule of earlier versions, for jobs where it is right (every candidate trains the same
@@ -47,6 +53,8 @@ FRACTION_SCALE = 1_000_000
 WARMUP = 1 / 3
 #: No decision with fewer completed peers than this at the fraction.
 MIN_PEERS = 5
+#: Pruned only above the peers' median by more than this share of it.
+MARGIN = 0.01
 
 
 def fraction_step(tokens: float, budget_tokens: float) -> int:
@@ -83,18 +91,19 @@ def _finite_or_inf(x: float) -> float:
 @dataclass(frozen=True)
 class Verdict:
     """Why a trial is pruned: its loss at `fraction` of its budget, and the median of its
-    `peers` completed peers there."""
+    `peers` completed peers there, which it exceeds by more than `margin`."""
 
     fraction: float
     value: float
     median: float
     peers: int
+    margin: float = 0.0
 
     def reason(self) -> str:
         return (
-            f"val_loss {self.value:.4f} at {self.fraction:.0%} of the budget is above the "
-            f"median {self.median:.4f} of {self.peers} completed trials there "
-            "(budget-fraction median rule)"
+            f"val_loss {self.value:.4f} at {self.fraction:.0%} of the budget is more than "
+            f"{self.margin:.1%} above the median {self.median:.4f} of {self.peers} completed "
+            "trials there (budget-fraction median rule)"
         )
 
 
@@ -102,13 +111,18 @@ class FractionMedianPruner(optuna.pruners.BasePruner):
     """The median rule at equal fractions of the budget (see the module). `last` holds the
     verdict of the last `prune` that answered True (the reason the runner records)."""
 
-    def __init__(self, warmup: float = WARMUP, min_peers: int = MIN_PEERS) -> None:
+    def __init__(
+        self, warmup: float = WARMUP, min_peers: int = MIN_PEERS, margin: float = MARGIN
+    ) -> None:
         if not 0 <= warmup <= 1:
             raise ValueError(f"warmup is a fraction of the budget in [0, 1], got {warmup}")
         if min_peers < 1:
             raise ValueError(f"min_peers must be at least 1, got {min_peers}")
+        if not 0 <= margin < 1:
+            raise ValueError(f"margin is a share of the median in [0, 1), got {margin}")
         self.warmup = warmup
         self.min_peers = min_peers
+        self.margin = margin
         self.last: Verdict | None = None
 
     def prune(self, study: optuna.Study, trial: FrozenTrial) -> bool:
@@ -134,6 +148,6 @@ class FractionMedianPruner(optuna.pruners.BasePruner):
         if len(at) < self.min_peers:
             return None
         median = statistics.median(at)
-        if value > median:
-            return Verdict(step / FRACTION_SCALE, value, median, len(at))
+        if value > median * (1 + self.margin):
+            return Verdict(step / FRACTION_SCALE, value, median, len(at), self.margin)
         return None

@@ -26,6 +26,7 @@ from nas_service.jobs import submit
 from nas_service.landscape import load_landscape
 from nas_service.pruning import (
     FRACTION_SCALE,
+    MARGIN,
     MIN_PEERS,
     WARMUP,
     FractionMedianPruner,
@@ -184,6 +185,21 @@ def test_a_clear_loser_is_pruned_when_peers_exist() -> None:
     assert pruner.judge(_peers(MIN_PEERS), _running(99, {0.5: 2.5})) is None
 
 
+def test_a_trial_within_the_margin_above_the_median_goes_on() -> None:
+    """The peers are the survivors (the best the sampler found): a trial tied with them is
+    not a clear loser."""
+    peers = _peers(MIN_PEERS)
+    median = 2.5 + 0.01 * (MIN_PEERS // 2)
+    assert MARGIN == 0.01 and FractionMedianPruner().margin == MARGIN
+    close = _running(99, {0.5: median * 1.009})
+    assert FractionMedianPruner().judge(peers, close) is None
+    assert FractionMedianPruner(margin=0.0).judge(peers, close) is not None
+    verdict = FractionMedianPruner().judge(peers, _running(99, {0.5: median * 1.011}))
+    assert verdict is not None and "more than 1.0% above the median" in verdict.reason()
+    with pytest.raises(ValueError, match="margin"):
+        FractionMedianPruner(margin=-0.1)
+
+
 def test_nothing_is_pruned_before_the_warmup() -> None:
     pruner = FractionMedianPruner(warmup=0.4)
     peers = _peers(10)
@@ -208,7 +224,7 @@ def test_too_few_peers_decide_nothing() -> None:
 def test_peers_are_read_at_the_same_fraction_by_interpolation() -> None:
     """Peers that evaluated at other fractions are interpolated at the trial's; one whose
     evaluations do not reach the fraction is not a peer there."""
-    pruner = FractionMedianPruner(min_peers=3)
+    pruner = FractionMedianPruner(min_peers=3, margin=0.0)
     # three peers at 0.4 → 2.0 and 0.6 → 1.0: 1.5 at 0.5
     peers = [_trial(i, {0.4: 2.0, 0.6: 1.0}) for i in range(3)]
     assert pruner.judge(peers, _running(99, {0.5: 1.49})) is None
