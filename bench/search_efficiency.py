@@ -41,6 +41,12 @@ the time of the result, over C_grid):
   fraction of the grid's: the fraction reached with 30% of C_grid, and the compute needed
   for 95% of it.
 
+Measured (`--modes auto median none --objectives loss`, 20 seeds, 760 s on 2 busy cores): the
+best pruned in 0 of 20 seeds of every sampler under `auto`, in 18 (grid), 6 (random), 16
+(TPE), 6 (NSGA-II) under `median`; compute to 0.5% of the grid's best, median: TPE 17% with
+`auto`, 19% with `none`; the grid 25% and 38%; random and NSGA-II miss it in 10 seeds with
+`auto` (random also without pruning: it never proposes the point; NSGA-II 7 without).
+
 A search stops once its measure is decided (the target found; 95% of the hypervolume found
 and 30% of C_grid spent), or at n_trials. Targets: the best strategy reaches 0.5% of the
 grid's best with ≤ 25% of the grid's compute, and ≥ 95% of the grid's hypervolume with
