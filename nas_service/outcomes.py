@@ -67,6 +67,8 @@ from nas_service.search import (
     cannot_reach_front,
     curve_rows,
     objective_values,
+    prune_reason,
+    report_step,
     seed_statistics,
     train_summary,
 )
@@ -376,14 +378,14 @@ class TrialOutcomes:
             return  # the rungs decide which candidates go on
         trial, spec = flight.trial, flight.spec
         reason = None
+        train = flight.priced.train_spec
+        assert train is not None
+        budget_tokens = train.planned_steps() * train.tokens_per_step
         if not spec.multi_objective:
-            trial.report(point.val_loss, point.step)
+            trial.report(point.val_loss, report_step(spec, point.step, point.tokens, budget_tokens))
             if trial.should_prune():
-                reason = f"median pruner at step {point.step} (val_loss {point.val_loss:.4f})"
+                reason = prune_reason(flight.study.pruner, point.step, point.val_loss)
         else:
-            train = flight.priced.train_spec
-            assert train is not None
-            budget_tokens = train.planned_steps() * train.tokens_per_step
             finished = flight.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
             curves = [t.user_attrs.get(ATTR_CURVE, []) for t in finished]
             reason = cannot_reach_front(

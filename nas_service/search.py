@@ -62,6 +62,7 @@ from cost_model.hardware import Hardware
 from cost_model.report import grid_groups
 from cost_model.residuals import DEPTH_MIXED
 from cost_model.timing import train_step_time
+from nas_service.pruning import FractionMedianPruner, fraction_step
 from nas_service.spec import (
     CALIBRATED,
     CandidateSpace,
@@ -112,11 +113,35 @@ def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
 
 
 def make_pruner(spec: JobSpec) -> optuna.pruners.BasePruner:
-    """Single objective: Optuna's median rule. Multi-objective jobs are pruned by the runner
-    with `cannot_reach_front` (Optuna's pruners refuse several objectives)."""
-    if spec.pruner in ("auto", "median") and not spec.multi_objective:
+    """Single objective: `auto` is the median rule at equal fractions of the budget, with a
+    warm-up and a minimum of completed peers (`nas_service.pruning.FractionMedianPruner`; the
+    runner reports at `report_step`); `median` is Optuna's `MedianPruner` at raw optimizer
+    steps, the naive rule (a trial meets only trials of its own step count). Multi-objective
+    jobs are pruned by the runner with `cannot_reach_front` (Optuna's pruners refuse several
+    objectives); a `fidelity` job by its rungs."""
+    if spec.multi_objective or spec.fidelity is not None:
+        return optuna.pruners.NopPruner()
+    if spec.pruner == "auto":
+        return FractionMedianPruner()
+    if spec.pruner == "median":
         return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
     return optuna.pruners.NopPruner()
+
+
+def report_step(spec: JobSpec, step: int, tokens: float, budget_tokens: float) -> int:
+    """The step an evaluation is reported to the study at: the raw optimizer step under
+    `pruner: median`, else its fraction of the trial's budget (`pruning.fraction_step`)."""
+    if spec.pruner == "median":
+        return step
+    return fraction_step(tokens, budget_tokens)
+
+
+def prune_reason(pruner: optuna.pruners.BasePruner, step: int, val_loss: float) -> str:
+    """Why the study's pruner stopped a trial whose evaluation at optimizer step `step` it
+    judged: the verdict of the budget-fraction rule, or the raw-step median rule's."""
+    if isinstance(pruner, FractionMedianPruner) and pruner.last is not None:
+        return pruner.last.reason()
+    return f"median pruner at step {step} (val_loss {val_loss:.4f})"
 
 
 def create_study(spec: JobSpec, storage: optuna.storages.BaseStorage, name: str) -> optuna.Study:

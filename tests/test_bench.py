@@ -163,6 +163,7 @@ def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
         "--modes",
         "none",
         "auto",
+        "median",
         "--processes",
         "1",
         "--json",
@@ -170,9 +171,13 @@ def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
     )
     result = json.loads(out.read_text())
     assert result["grid_points"] == 108 and result["reference"]["compute"] > 0
-    assert set(result["summary"]["loss"]) == {"random/none", "random/auto", "tpe/none", "tpe/auto"}
-    assert all(r["compute"] > 0 and r["runs"] > 0 for r in result["runs"])
-    assert "→0.5%" in run.stdout
+    names = {f"{s}/{m}" for s in ("random", "tpe") for m in ("none", "auto", "median")}
+    assert set(result["summary"]["loss"]) == names
+    assert all(0 <= v["best_pruned"] <= 1 for v in result["summary"]["loss"].values())
+    # the raw-step median rule takes a single objective: refused with two, said so
+    assert not result["summary"]["pareto"]["tpe/median"]["available"]
+    assert all(r["compute"] > 0 and r["runs"] > 0 for r in result["runs"] if "refused" not in r)
+    assert "→0.5%" in run.stdout and "best pruned" in run.stdout
 
 
 @pytest.mark.postgres

@@ -887,6 +887,14 @@ class JobSpec(_Strict):
     objectives: list[Text] = Field(default_factory=lambda: [LOSS])
     constraints: list[Constraint] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
     sampler: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
+    # auto: one objective, the median rule at equal fractions of each candidate's budget: from
+    # a third of it on, more than 1% above the median of at least 5 completed candidates of
+    # the same budget (`nas_service.pruning`); several objectives, `cannot_reach_front`.
+    # median: Optuna's median rule at raw optimizer steps (right only when every candidate
+    # trains the same number of steps).
+    # pareto: `cannot_reach_front` (with one objective, no pruning). none: every candidate
+    # trains its whole budget. A `tune` grid is never pruned; with `fidelity` the rungs decide
+    # (auto or none only).
     pruner: Literal["auto", "none", "median", "pareto"] = "auto"
     n_trials: int = Field(ge=1)  # ≤ max_trials (check_job)
     max_concurrent: int = Field(default=2, ge=1)  # ≤ max_concurrent_trials (check_job)
