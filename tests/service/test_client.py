@@ -312,7 +312,7 @@ def test_a_database_outage_is_retried_then_bounded(
 @pytest.mark.ray
 @pytest.mark.slow
 def test_a_job_followed_to_its_end(
-    server: str, no_env_token: None, capsys: pytest.CaptureFixture[str]
+    server: str, no_env_token: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """`depthscope serve` with its runner: a job submitted through the client and followed
     by `wait` (quiet when stderr is no terminal) ends completed, its trials trained."""
@@ -322,6 +322,25 @@ def test_a_job_followed_to_its_end(
         assert done.status.value == "completed" and done.progress.counted == SPEC["n_trials"]
         assert capsys.readouterr().err == ""  # no bar off a terminal
         assert job.trials().total == SPEC["n_trials"]
+    # `depthscope submit --wait` follows its job with the same `wait`
+    from nas_service import cli as command_line
+
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(SPEC | {"name": "cli-followed"}))
+    assert command_line.main(["submit", str(spec_file), "--wait", "--url", server]) == 0
+    out = capsys.readouterr().out
+    assert "submitted job" in out and out.rstrip().endswith(": completed"), out
+    # the README's example script, on the same small job
+    import importlib.util
+
+    path = ROOT / "examples" / "client_quick.py"
+    loader = importlib.util.spec_from_file_location("client_quick", path)
+    assert loader is not None and loader.loader is not None
+    example = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(example)
+    assert example.main(server, spec_file) == 0
+    out = capsys.readouterr().out
+    assert ": completed, 4 trials" in out and "optimum_ratio" in out and "verdict" in out, out
 
 
 def test_to_pandas_without_pandas_says_how_to_get_it(monkeypatch: pytest.MonkeyPatch) -> None:
