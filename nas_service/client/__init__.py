@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     import httpx
 
     from nas_service.api.health import HealthRead
-    from nas_service.api.schemas import JobList, JobRead
+    from nas_service.api.schemas import CalibrationRead, JobList, JobRead
     from nas_service.client.results import (
         Comparison,
         Landscape,
@@ -52,6 +53,8 @@ log = logging.getLogger(__name__)
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: A job's states from which it moves no more.
 FINISHED = ("completed", "failed", "cancelled")
+#: The plots a job has (`GET /v1/jobs/{id}/plots/{name}.png`).
+PLOTS = ("pareto", "optimum", "compare", "calibration")
 
 
 class ClientError(Exception):
@@ -92,6 +95,17 @@ def _error(response: httpx.Response) -> ClientError:
         )
     except (ValueError, KeyError, TypeError):
         return ClientError(response.text[:500], response.status_code)
+
+
+def _segment(job_id: str) -> str:
+    """A job id as one path segment (`?`, `#`, `%` escaped), so it reaches `/v1/jobs/{id}`
+    as given (the service refuses an unknown one with a 404 naming `job_id`) and never names
+    another route; one with a `/` (or none at all) is refused here, naming `job_id`."""
+    if not isinstance(job_id, str) or "/" in job_id or job_id.strip(".") == "":
+        raise ClientError(
+            f"not a job id: {job_id!r} (a job id is one path segment)", None, "job_id"
+        )
+    return urllib.parse.quote(job_id, safe="")
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -153,6 +167,8 @@ class Client:
         decoded JSON, or the bytes of an image. Errors as the class says."""
         import httpx
 
+        if self._http.is_closed:
+            raise ClientError(f"the client of {self.url} is closed; make a new one")
         attempt = 0
         while True:
             try:
@@ -212,7 +228,7 @@ class Client:
 
     def job(self, job_id: str) -> Job:
         """A job by its id (read once: an unknown id is a `ClientError` 404)."""
-        read = self._job_read(self.request("GET", f"/v1/jobs/{job_id}"))
+        read = self._job_read(self.request("GET", f"/v1/jobs/{_segment(job_id)}"))
         return Job(self, read.id, read)
 
     def jobs(self, status: str | None = None, limit: int = 50, offset: int = 0) -> JobList:
@@ -251,7 +267,7 @@ class Job:
 
     def _get(self, sub: str = "", **params: Any) -> Any:
         params = {k: v for k, v in params.items() if v is not None}
-        return self.client.request("GET", f"/v1/jobs/{self.id}{sub}", params=params)
+        return self.client.request("GET", f"/v1/jobs/{_segment(self.id)}{sub}", params=params)
 
     def read(self) -> JobRead:
         """The job now: status, progress, compute spent, ETA, its spec."""
@@ -274,6 +290,8 @@ class Job:
         on stderr when stderr is a terminal (nothing elsewhere). The service's health is read
         at each poll, so a dead runner is a `ClientError`, not a hang; `timeout_s` bounds
         the wait (`TimeoutError`)."""
+        if not poll_s > 0:
+            raise ValueError(f"poll_s: must be > 0 seconds, got {poll_s!r}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         bar = _Bar() if progress and sys.stderr.isatty() else None
         try:
@@ -364,8 +382,17 @@ class Job:
 
         return Landscape.model_validate(self._get("/landscape"))
 
+    def calibration(self, scope: str = "job") -> CalibrationRead:
+        """The roofline against the measured step times, per device kind (`scope`: this
+        job's trials, or every recent job's of its cluster)."""
+        from nas_service.api.schemas import CalibrationRead
+
+        return CalibrationRead.model_validate(self._get("/calibration", scope=scope))
+
     def plot(self, name: str, **params: Any) -> bytes:
         """A PNG of the job: `pareto` (give `metrics`), `optimum`, `compare`, `calibration`."""
+        if name not in PLOTS:
+            raise ClientError(f"no plot {name!r}; the plots: {', '.join(PLOTS)}", None, "name")
         data = self._get(f"/plots/{name}.png", **params)
         if not isinstance(data, bytes):
             raise ClientError(f"plot {name!r}: the service sent no image", None, "name")

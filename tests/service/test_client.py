@@ -22,6 +22,7 @@ import pytest
 
 from nas_service import Client, ClientError, Job, ServiceUnavailable
 from nas_service.api.schemas import (
+    CalibrationRead,
     CompareRead,
     JobRead,
     LandscapeRead,
@@ -126,7 +127,9 @@ def test_importing_the_client_loads_no_torch_or_ray() -> None:
     assert out.stdout.split() == [], out.stdout  # nothing heavy, even with the typed answers
 
 
-def test_the_token_is_required_and_sent(api: tuple[str, str], no_env_token: None) -> None:
+def test_the_token_is_required_and_sent(
+    api: tuple[str, str], no_env_token: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     url, _ = api
     with Client(url) as anonymous, pytest.raises(ClientError) as refused:
         anonymous.jobs()
@@ -136,8 +139,8 @@ def test_the_token_is_required_and_sent(api: tuple[str, str], no_env_token: None
     assert refused.value.status == 401
     with Client(url, token=TOKEN) as client:
         assert client.jobs().total >= 0
-    os.environ["DEPTHSCOPE_API_TOKEN"] = TOKEN  # restored by the fixture's monkeypatch
-    os.environ["DEPTHSCOPE_URL"] = url
+    monkeypatch.setenv("DEPTHSCOPE_API_TOKEN", TOKEN)
+    monkeypatch.setenv("DEPTHSCOPE_URL", url)
     with Client() as client:  # both from the environment
         assert client.url == url and client.jobs().total >= 0
 
@@ -192,10 +195,54 @@ def test_the_answers_are_the_apis_schemas(api: tuple[str, str], no_env_token: No
         assert isinstance(landscape, LandscapeRead) and len(landscape.trials) == N_TRIALS
         assert len(landscape.to_pandas()) == N_TRIALS
         assert job.plot("optimum").startswith(b"\x89PNG")
+        calibration = job.calibration()
+        assert isinstance(calibration, CalibrationRead) and calibration.scope == "job"
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="still pending"):  # no runner: it never starts
+            job.wait(progress=False, poll_s=0.1, timeout_s=0.5)
+        assert time.monotonic() - started < 10
         assert job.cancel().status.value == "cancelled"
         with pytest.raises(ClientError) as again:
             job.cancel()
         assert again.value.status == 409 and again.value.field == "status"
+
+
+def test_wait_draws_a_bar_on_a_terminal(api: tuple[str, str], no_env_token: None) -> None:
+    """`wait(progress=True)` with stderr a terminal (a pseudo-terminal here): the bar, with
+    the trials counted; the same call off a terminal prints nothing (the end-to-end test)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    url, db_url = api
+    with Client(url, token=TOKEN) as client:
+        job = _seed(client, db_url, n=5)
+        job.cancel()  # finished: `wait` returns at its first read
+    code = (
+        "from nas_service import Client\n"
+        f"with Client({url!r}, token={TOKEN!r}) as c:\n"
+        f"    print(c.job({job.id!r}).wait(progress=True).status.value)\n"
+    )
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=child
+    )
+    os.close(child)
+    out, _ = proc.communicate(timeout=120)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the terminal's other end closed
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    os.close(main)
+    assert proc.returncode == 0 and out.decode().strip() == "cancelled"
+    assert b"trials=5/200" in drawn and b"run" in drawn, drawn
 
 
 def test_a_refusal_names_the_field_and_stores_nothing(
@@ -216,9 +263,11 @@ def test_a_refusal_names_the_field_and_stores_nothing(
             client.submit(bad)
         assert refused.value.status is None and refused.value.field == "colour"
         assert client.jobs().total == before
-        with pytest.raises(ClientError) as refused:
-            client.job("no-such-job")
-        assert refused.value.status == 404 and refused.value.field == "job_id"
+        for job_id in ("no-such-job", "x?status=running", "%2e%2e", "../health", "a/b", ".."):
+            with pytest.raises(ClientError) as refused:  # the id is one path segment
+                client.job(job_id)
+            assert refused.value.field == "job_id", job_id  # a 404, or refused before sending
+            assert refused.value.status == (None if "/" in job_id or job_id == ".." else 404)
         job = client.submit(SPEC | {"name": "refusals"})
         with pytest.raises(ClientError) as refused:
             job.pareto(["val_loss"])
@@ -226,7 +275,15 @@ def test_a_refusal_names_the_field_and_stores_nothing(
         with pytest.raises(ClientError) as refused:
             job.compare(reference="nope")
         assert refused.value.status == 404 and refused.value.field == "reference"
+        with pytest.raises(ClientError) as refused:
+            job.plot("../../health")  # a plot the service has, or nothing sent
+        assert refused.value.status is None and refused.value.field == "name"
+        with pytest.raises(ValueError, match="poll_s"):
+            job.wait(poll_s=0)
         job.cancel()
+    with pytest.raises(ClientError) as closed:
+        job.read()  # its client closed: a ClientError, not httpx's RuntimeError
+    assert closed.value.status is None and "closed" in closed.value.message
     with Client("http://127.0.0.1:9", token=TOKEN) as nowhere, pytest.raises(ClientError) as down:
         nowhere.jobs()
     assert down.value.status is None and "cannot reach the service" in str(down.value)
