@@ -127,7 +127,10 @@ class Client:
     A 503 that carries `Retry-After` (the database unreachable) is retried up to `retries`
     times, waiting max(Retry-After, `backoff`·2^k) seconds, at most `max_delay`, before
     retry k; then `ServiceUnavailable`. Any other error status is a `ClientError` at once.
-    Use as a context manager, or `close()`, to release the connections."""
+    Retrying a submission is safe: the service commits a job before it answers, so a 503
+    means it was rolled back (only a connection lost during the commit itself leaves it
+    unknown; `jobs()` shows whether it was stored). Use as a context manager, or `close()`,
+    to release the connections."""
 
     def __init__(
         self,
