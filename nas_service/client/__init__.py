@@ -202,7 +202,14 @@ class Client:
             raise _error(response)
         if response.headers.get("content-type", "").startswith("image/"):
             return response.content
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise ClientError(
+                f"{method} {path}: the answer is not JSON ({kind}); is {self.url} the service?",
+                response.status_code,
+            ) from None
 
     # -- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec | Mapping[str, Any] | str | os.PathLike[str]) -> Job:

@@ -281,6 +281,9 @@ def test_a_refusal_names_the_field_and_stores_nothing(
         with pytest.raises(ValueError, match="poll_s"):
             job.wait(poll_s=0)
         job.cancel()
+        with pytest.raises(ClientError) as not_json:  # the dashboard's page: HTML, not JSON
+            client.request("GET", "/")
+        assert not_json.value.status == 200 and "not JSON" in not_json.value.message
     with pytest.raises(ClientError) as closed:
         job.read()  # its client closed: a ClientError, not httpx's RuntimeError
     assert closed.value.status is None and "closed" in closed.value.message
