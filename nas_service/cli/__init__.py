@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-DEFAULT_URL = "http://127.0.0.1:8000"
+from nas_service.client import DEFAULT_URL as DEFAULT_URL
 
 
 class CliError(Exception):
@@ -35,33 +35,18 @@ class CliUsageError(CliError):
 
 
 def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    """One HTTP call to the service (`--url`, else DEPTHSCOPE_URL, else `DEFAULT_URL`); the
-    token comes from DEPTHSCOPE_API_TOKEN. Errors become `CliError` with the service's
-    message. Every client command sends through this function."""
-    import os
+    """One HTTP call to the service (`--url`, else DEPTHSCOPE_URL, else `DEFAULT_URL`; the
+    token from DEPTHSCOPE_API_TOKEN) through the Python client's transport,
+    `nas_service.client.Client.request` (a database outage retried with back-off). Errors
+    become `CliError` with the service's status and message. Every client command sends
+    through this function."""
+    from nas_service.client import Client, ClientError
 
-    import httpx
-
-    url = args.url or os.environ.get("DEPTHSCOPE_URL") or DEFAULT_URL
-    headers = {}
-    token = os.environ.get("DEPTHSCOPE_API_TOKEN")
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
     try:
-        response = httpx.request(
-            method, url.rstrip("/") + path, headers=headers, timeout=120, **kwargs
-        )
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the service at {url}: {exc}") from None
-    if response.status_code >= 400:
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:500]
-        raise CliError(f"{response.status_code}: {message}")
-    if response.headers.get("content-type", "").startswith("image/"):
-        return response.content
-    return response.json()
+        with Client(getattr(args, "url", None)) as client:
+            return client.request(method, path, **kwargs)
+    except ClientError as exc:
+        raise CliError(str(exc)) from None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -2,7 +2,9 @@
 `status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`, `compare [--plot]`,
 `sensitivity`, `export --out` (the job as a landscape), `calibration [--scope] [--plot]`
 (the roofline against the measured step times). Every call goes through the package's one
-transport, `nas_service.cli._request` (looked up when called)."""
+transport, `nas_service.cli._request` (looked up when called), which sends through the Python
+client's (`nas_service.client.Client.request`); `submit --wait` follows the job with
+`Job.wait`."""
 
 from __future__ import annotations
 
@@ -143,30 +145,16 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
-    import time
+    """The job followed to its end by the Python client (`Job.wait`: a bar on a terminal,
+    the health read at each poll), as JSON."""
+    from nas_service.client import Client, ClientError
 
-    from tqdm import tqdm  # type: ignore[import-untyped]
-
-    job = cli._request(args, "GET", f"/v1/jobs/{job_id}")
-    total = job["progress"].get("runs_total") or job["n_trials"]
-    bar = tqdm(total=total, unit="run", file=sys.stderr)
-    while True:
-        job = cli._request(args, "GET", f"/v1/jobs/{job_id}")
-        cli._request(args, "GET", "/v1/health")  # a dead runner shows here (503), not as a hang
-        p, c = job["progress"], job["compute"]
-        bar.n = p.get("runs_done", p["counted"])  # training runs: each seed and setting counts
-        bar.set_postfix(
-            trials=f"{p['counted']}/{job['n_trials']}",
-            running=p["running"],
-            pruned=p["pruned"],
-            compute=f"{c['fraction']:.0%}",
-            refresh=False,
-        )
-        bar.refresh()
-        if job["status"] not in ("pending", "running"):
-            bar.close()
-            return dict(job)
-        time.sleep(2)
+    try:
+        with Client(args.url) as client:
+            job = client.job(job_id).wait(progress=True)
+    except ClientError as exc:
+        raise CliError(str(exc)) from None
+    return dict(job.model_dump(mode="json"))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
