@@ -28,10 +28,12 @@
   caused neither counts nor clears its suspect stops. And a candidate is blamed only when it
   trained alone: with several trials in flight when the runner died, none is singled out
   (a candidate that stops the runner only while others train beside it is retried with
-  them; the progress of the others clears it). A trial trains several runs (settings × seeds), a
-  row each; the rows of the runs it finished before the runner stopped stay closed as they
-  were ("run i of n"): they are not a trial finishing, so they neither clear a suspect nor
-  count, and only the trial's open row (its current run) is closed here.
+  them; the progress of the others clears it).
+
+  A trial trains several runs (settings × seeds), a row each; the rows of the runs it
+  finished before the runner stopped stay closed as they were ("run i of n"): they are not
+  a trial finishing, so they neither clear a suspect nor count, and only the trial's open
+  row (its current run) is closed here.
 - A multi-fidelity trial left running after it finished a rung is not re-enqueued: it
   waits again at the last rung it finished (its runs of the lost rung dropped), so the
   promotion rule promotes it again and it resumes from that rung's checkpoints; a trial

@@ -168,15 +168,15 @@ def _poisoned(view: StudyView) -> list[int]:
 
 
 def test_deploys_and_service_deaths_never_fail_a_healthy_candidate(
-    sqlite_url: str, service_factory: Any
+    db_url: str, service_factory: Any
 ) -> None:
     """Three stops while one candidate trains alone, none of them its doing: a graceful
     SIGTERM of the service (a deploy), a SIGKILL of its whole session, a deploy again. The
     candidate is re-run each time and never failed as poisoned; the job completes."""
-    svc: Service = service_factory(sqlite_url)
+    svc: Service = service_factory(db_url)
     svc.start()
     job_id = svc.submit(ALONE)
-    view = StudyView(sqlite_url, job_id)
+    view = StudyView(db_url, job_id)
     for stop in ("deploy", "kill", "deploy"):
         _wait_training(svc, view, 1)
         if stop == "deploy":
