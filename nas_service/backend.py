@@ -55,12 +55,13 @@ class RayBackend:
     configured one. Each run is a streaming task asking for `spec.threads` CPUs (1 by
     default) and a GPU when the cluster has one."""
 
-    def __init__(self, cluster: ClusterSettings) -> None:
+    def __init__(self, cluster: ClusterSettings, connect_timeout_s: float = 60.0) -> None:
         self.cluster = cluster
+        self.connect_timeout_s = connect_timeout_s
         self._owns = False
 
     def connect(self) -> bool:
-        self._owns = connect_ray(self.cluster)
+        self._owns = connect_ray(self.cluster, self.connect_timeout_s)
         return self._owns
 
     def shutdown(self) -> None:

@@ -6,6 +6,15 @@ that started Ray, so the runner starts it without the service's own settings in 
 environment (`DEPTHSCOPE_*`: the database URL with its password, the API token, cluster
 tokens). A remote cluster's workers have their own environment; nothing of the runner's is
 sent to them but the code (`ship_code`).
+
+`ray.init` has a deadline (`connect_ray`'s `timeout_s`, the setting `ray_connect_timeout_s`):
+it runs in a thread of its own while this process's main thread waits, so a Ray that never
+answers (a dead head, another process on its port) neither holds the runner past the
+deadline (it raises `RayUnavailable`, and the runner exits with the reason) nor keeps
+SIGTERM from reaching the runner's handler meanwhile (signals run in the main thread, which a
+`ray.init` blocked in C++ would hold for a minute). A local cluster is always a Ray of the
+runner's own (`address="local"`): never another Ray found on the machine (`RAY_ADDRESS`,
+the last `ray start`), which may not answer, or may be somebody else's.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,14 +54,19 @@ def scrubbed_environment() -> Iterator[None]:
         os.environ.update(removed)
 
 
-def connect_ray(cluster: ClusterSettings) -> bool:
+class RayUnavailable(RuntimeError):
+    """The runner's Ray did not answer within the deadline (or failed to start)."""
+
+
+def connect_ray(cluster: ClusterSettings, timeout_s: float = 60.0) -> bool:
     """Start a local Ray (address None) or join the configured cluster, with its auth. True
     when this call connected (the caller then owns the connection and shuts it down); False
     when Ray was connected already.
 
     Ray reads its authentication settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) when it is
     imported, so they are exported before the import; if Ray was imported already, its
-    cached token state is reset."""
+    cached token state is reset. `ray.init` must return within `timeout_s`, else
+    `RayUnavailable` (see the module's docstring)."""
     already = "ray" in sys.modules
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if cluster.address is not None:
@@ -78,7 +93,11 @@ def connect_ray(cluster: ClusterSettings) -> bool:
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False}
     if cluster.address is None:
         with scrubbed_environment(), own_sigterm():
-            ray.init(num_cpus=cluster.num_cpus, **kwargs)
+            _with_deadline(
+                lambda: ray.init(address="local", num_cpus=cluster.num_cpus, **kwargs),
+                timeout_s,
+                "the local Ray",
+            )
         return True
     runtime_env = None
     if cluster.ship_code:
@@ -92,8 +111,83 @@ def connect_ray(cluster: ClusterSettings) -> bool:
             ]
         }
     with own_sigterm():
-        ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs)
+        _with_deadline(
+            lambda: ray.init(address=cluster.address, runtime_env=runtime_env, **kwargs),
+            timeout_s,
+            "the cluster's Ray head",
+        )
     return True
+
+
+#: `ray.init` threads that have not returned yet (`ray_init_pending`).
+_pending: set[threading.Thread] = set()
+#: Set once Ray is shut down: the thread that started a local Ray waits for it, because Ray
+#: starts its processes with PR_SET_PDEATHSIG, which Linux fires when the *thread* that
+#: started them ends: with the thread gone, its GCS and raylet would be killed.
+_released = threading.Event()
+
+
+def ray_init_pending() -> bool:
+    """Whether a `ray.init` is still stuck in its thread (the process should exit without
+    Ray's exit hooks, which would wait for it)."""
+    return any(t.is_alive() for t in _pending)
+
+
+def _with_deadline(init: Callable[[], Any], timeout_s: float, what: str) -> None:
+    """Run `init` (`ray.init`) in a daemon thread; the calling thread waits in short steps
+    (so its signal handlers run) for at most `timeout_s`. On the deadline the processes this
+    process started meanwhile (a local Ray's) are killed and `RayUnavailable` is raised; the
+    thread is left behind (the runner exits). A thread whose `init` returned stays alive
+    until `shutdown_ray` (see `_released`)."""
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            init()
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+            _pending.discard(threading.current_thread())
+            return
+        _pending.discard(threading.current_thread())
+        _released.wait()  # keeps Ray's processes alive (their parent-death signal)
+
+    before = _own_children()
+    _released.clear()
+    thread = threading.Thread(target=target, name="ray-init", daemon=True)
+    _pending.add(thread)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread in _pending and thread.is_alive() and time.monotonic() < deadline:
+        thread.join(0.1)
+    if thread in _pending and thread.is_alive():
+        _kill_new_children(before)
+        raise RayUnavailable(f"{what} did not answer within {timeout_s:g} s")
+    if failure:
+        raise RayUnavailable(f"{what} could not be reached: {failure[0]}") from failure[0]
+
+
+def _own_children() -> set[int]:
+    try:
+        import psutil
+
+        return {p.pid for p in psutil.Process().children(recursive=True)}
+    except Exception:  # psutil (Ray's copy) missing: nothing to clean up by pid
+        return set()
+
+
+def _kill_new_children(before: set[int]) -> None:
+    """SIGKILL this process's descendants not in `before` (what a stuck `ray.init` started);
+    psutil checks each pid still names the process it listed."""
+    try:
+        import psutil
+
+        procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+        psutil.wait_procs(procs, timeout=5)
+    except ImportError:
+        return
 
 
 @contextlib.contextmanager
@@ -127,6 +221,7 @@ def shutdown_ray(local: bool) -> None:
 
         tree = psutil.Process().children(recursive=True)
     ray.shutdown()
+    _released.set()  # the thread that started it may end now
     if not tree:
         return
     import psutil

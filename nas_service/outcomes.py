@@ -28,6 +28,13 @@ trial's would be) is kept in `rungs`, the trial waits (`waiting`) and its run ro
 ("rung r of K: waiting for promotion"); the runner promotes it, or tells it pruned. The last
 rung concludes the trial as above. Checkpoints are deleted when a trial is told.
 
+An artifact store that fails a write (full, read-only, gone) is the operator's fault, never
+the candidate's (`_store_fault`): the trial is not told; its job pauses (nothing new is
+asked for it) and the run is launched again after `store_retry_s`, then twice that, and so
+on (at most 60 s); once the store has failed `store_retries` times in a row the job fails
+with the reason and its trials in flight are concluded as lost (never counted). Reasons name
+the store only as `<store>`: its path or URL may hold credentials (`spec.checks._scrub`).
+
 Pruning reads seed 0's intermediate losses of a trial with a single setting (the median rule,
 or `cannot_reach_front` for several objectives). A trial with a `tune` grid is never pruned:
 an intermediate loss of one setting bounds neither the final loss of that setting's other
@@ -35,10 +42,12 @@ seeds nor that of the best setting, which is what the trial's value is."""
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
 import math
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,7 +58,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.backend import Backend
 from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
-from nas_service.failures import describe, is_database_outage
+from nas_service.failures import _task_cause, describe, is_database_outage
 from nas_service.rungs import (
     ATTR_RUNGS,
     ATTR_WAITING,
@@ -60,6 +69,7 @@ from nas_service.rungs import (
 )
 from nas_service.search import (
     ATTR_CURVE,
+    ATTR_LOST,
     ATTR_OUTCOME,
     ATTR_REASON,
     ATTR_TRAIN,
@@ -74,13 +84,15 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
+from nas_service.spec.checks import _scrub
 from nas_service.study_cache import OwnedTrials, set_user_attrs, tell
 from workers.contract import EvalPoint, TrainResult
-from workers.store import ArtifactStore
+from workers.store import ArtifactStore, StoreError
 
 log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then failed
+STORE_RETRY_MAX_S = 60.0  # the longest pause after an artifact store fault
 
 ATTR_SETTING = "setting"  # the chosen setting
 ATTR_SETTINGS = "settings"  # per setting tried: {"setting", "losses", "mean"}
@@ -220,6 +232,14 @@ class TrialOutcomes:
     #: Trials asked in this pass of the loop whose attributes and run row are not written
     #: yet (`_record_asked`), with their attributes.
     _unrecorded: list[tuple[Flight, dict[str, Any]]]
+    #: Flights whose run the artifact store failed, with the monotonic time of their next
+    #: launch (their job is paused meanwhile), and each job's store faults in a row.
+    parked: list[tuple[float, Flight]]
+    store_faults: collections.Counter[str]
+
+    def _fail_job(self, job_id: str, reason: str) -> None:
+        """Fail the job at once with `reason` (the runner's `_job_error`)."""
+        raise NotImplementedError
 
     def _record_asked(self) -> None:
         """The trials asked in this pass of the loop recorded together: their attributes
@@ -414,6 +434,7 @@ class TrialOutcomes:
         """A run of the plan finished: go on with the next one, or conclude the trial. Safe to
         repeat after a database outage (the backlog hands the same result again)."""
         trial = flight.trial
+        self.store_faults.pop(flight.job_id, None)  # a run came back: the store is fine
         if not flight.runs or flight.runs[-1].result is not result:
             flight.runs.append(Run(flight.setting, flight.seed, result))
         diverged = result.status == "diverged"
@@ -539,6 +560,9 @@ class TrialOutcomes:
         self._event(flight.job_id, EventKind.TRIAL_FAILED, f"trial {flight.trial.number}: {reason}")
 
     def _lost_worker(self, flight: Flight, exc: BaseException) -> None:
+        if store_fault(exc):
+            self._store_fault(flight, exc)
+            return
         reason = describe(exc)
         if self.backend.retryable(exc) and flight.attempt < MAX_ATTEMPTS:
             self._close_run(flight.run_id, RunState.LOST, reason)
@@ -556,6 +580,63 @@ class TrialOutcomes:
         tries = f"after {flight.attempt} attempts: " if flight.attempt > 1 else ""
         self._fail(flight, tries + reason)
 
+    def _store_fault(self, flight: Flight, exc: BaseException) -> None:
+        """The artifact store failed the flight's run (see the module's docstring): the
+        flight waits (its run row stays open) and its job is paused, or, after
+        `store_retries` faults in a row, the job fails and its trials are concluded as lost."""
+        job_id = flight.job_id
+        self.store_faults[job_id] += 1
+        n, bound = self.store_faults[job_id], self.settings.store_retries
+        reason = f"the artifact store failed: {_scrub(describe(exc), self.settings.artifact_store)}"
+        if flight in self.flights:
+            self.flights.remove(flight)
+        if n >= bound:
+            self.parked.append((0.0, flight))  # concluded with the job's others below
+            self._conclude_store_lost(job_id, reason)
+            self.store_faults.pop(job_id, None)
+            self._fail_job(job_id, f"{reason} ({n} times in a row)")
+            return
+        delay = min(STORE_RETRY_MAX_S, self.settings.store_retry_s * 2 ** (n - 1))
+        self.parked.append((time.monotonic() + delay, flight))
+        log.warning("job %s: %s; paused, retrying in %.1f s", job_id, reason, delay)
+        self._event(
+            job_id,
+            EventKind.RUNNER_ERROR,
+            f"{reason} (fault {n} of {bound}); the job is paused, trial "
+            f"{flight.trial.number} is tried again in {delay:g} s and not counted",
+        )
+
+    def _conclude_store_lost(self, job_id: str, reason: str) -> None:
+        """Every trial of the job in flight or parked concluded as lost (not counted)."""
+        self._record_asked()
+        mine = [f for f in self.flights if f.job_id == job_id]
+        mine += [f for _, f in self.parked if f.job_id == job_id]
+        self.parked = [(at, f) for at, f in self.parked if f.job_id != job_id]
+        for flight in mine:
+            self._stop_task(flight)
+            self._tell(
+                flight.study,
+                flight.trial,
+                TrialOutcome.LOST,
+                reason,
+                TrialState.FAIL,
+                attrs={ATTR_LOST: True},
+            )
+            self._finish_run(flight, RunState.FAILED, reason)
+
+    def _relaunch_parked(self, job_id: str) -> bool:
+        """Launch again the job's parked flights whose pause is over; True while the job
+        still has one waiting (it stays paused)."""
+        now, waiting = time.monotonic(), False
+        for at, flight in [p for p in self.parked if p[1].job_id == job_id]:
+            if at > now:
+                waiting = True
+                continue
+            self.parked.remove((at, flight))
+            self._launch(flight)
+            self.flights.append(flight)
+        return waiting
+
     def _stop_task(self, flight: Flight) -> None:
         try:
             self.backend.cancel(flight.gen)
@@ -564,7 +645,9 @@ class TrialOutcomes:
 
     def _cancel_flights(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
         self._record_asked()
-        for flight in [f for f in self.flights if f.job_id == job_id]:
+        parked = [f for _, f in self.parked if f.job_id == job_id]
+        self.parked = [(at, f) for at, f in self.parked if f.job_id != job_id]
+        for flight in [f for f in self.flights if f.job_id == job_id] + parked:
             self._stop_task(flight)
             self._tell(flight.study, flight.trial, outcome, reason, TrialState.FAIL)
             self._finish_run(flight, RunState.FAILED, reason)
@@ -574,4 +657,12 @@ class TrialOutcomes:
         for flight in self.flights:
             self._stop_task(flight)
         self.flights.clear()
+        self.parked.clear()
         self._unrecorded = []  # written by nobody: the lease holder recovers their trials
+
+
+def store_fault(exc: BaseException) -> bool:
+    """Whether a run ended because the artifact store failed a write (`StoreError` of the
+    field `artifact_store`, raised in the worker): the operator's fault, not the candidate's."""
+    cause = _task_cause(exc) or exc
+    return isinstance(cause, StoreError) and cause.field == "artifact_store"

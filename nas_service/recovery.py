@@ -10,13 +10,30 @@
 - A trial of a job cancelled (or failed) while no runner was alive is concluded as cancelled
   (or failed); nothing is re-enqueued for it. Such a job is found by its open run rows or by
   its study's trials left RUNNING (one asked in the pass the runner died in has no row).
-- A poisoned trial is not retried forever: a left trial is *suspect* when no other trial
-  finished after it started (the runner died while it ran and nothing else made progress).
-  After `max_trial_recoveries` suspect stops in a row its candidate is failed with the
-  reason, counted, and not re-enqueued. A trial trains several runs (settings × seeds), a
-  row each; the rows of the runs it finished before the runner stopped stay closed as they
-  were ("run i of n"): they are not a trial finishing, so they neither clear a suspect nor
-  count, and only the trial's open row (its current run) is closed here.
+- A poisoned trial is not retried forever: a left trial is *suspect* when the runner's
+  death is one the candidate could have caused, it trained alone, and no other trial
+  finished after it started. After `max_trial_recoveries` suspect stops in a row its
+  candidate is failed with the reason, counted, and not re-enqueued.
+
+  Which deaths count (`Stops`, from the runners' lives, `nas_service.lease`): each left
+  trial belongs to the runner life that held the lease when it started. A life that ended
+  gracefully (SIGTERM: a deploy, an operator's stop; its work done; its lease lost) wrote
+  "stopped": no candidate caused that. One that wrote nothing was killed; on this host its
+  host's boot id, its own process and the process of the service that started it tell how:
+  the host restarted, or the service died with it (a whole-service SIGKILL, an OOM kill of
+  the service, a host crash) — no candidate caused that either; the runner alone died while
+  its service lived (or it had none) — a candidate may have (its result, its memory). A
+  life that raised out of its loop ("crashed") may have been the candidate's too, and so may
+  one on another host, where nothing can be checked. A stop the candidate could not have
+  caused neither counts nor clears its suspect stops. And a candidate is blamed only when it
+  trained alone: with several trials in flight when the runner died, none is singled out
+  (a candidate that stops the runner only while others train beside it is retried with
+  them; the progress of the others clears it).
+
+  A trial trains several runs (settings × seeds), a row each; the rows of the runs it
+  finished before the runner stopped stay closed as they were ("run i of n"): they are not
+  a trial finishing, so they neither clear a suspect nor count, and only the trial's open
+  row (its current run) is closed here.
 - A multi-fidelity trial left running after it finished a rung is not re-enqueued: it
   waits again at the last rung it finished (its runs of the lost rung dropped), so the
   promotion rule promotes it again and it resumes from that rung's checkpoints; a trial
@@ -25,9 +42,11 @@
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
@@ -37,7 +56,17 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from nas_service.db import EventKind, Job, JobEvent, JobStatus, RunState, TrialOutcome, TrialRun
+from nas_service.db import (
+    EventKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    RunnerLife,
+    RunState,
+    TrialOutcome,
+    TrialRun,
+)
+from nas_service.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
 from nas_service.outcomes import conclude
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
@@ -121,14 +150,100 @@ def progress_since(last: dt.datetime | None, started: dt.datetime | None) -> boo
     return last is not None and last > started.astimezone(dt.UTC)
 
 
+@dataclass
+class Stops:
+    """How the runners that left trials running stopped (see the module's docstring): this
+    cluster's runner lives before the current one, and how many left trials were training
+    in each."""
+
+    lives: list[RunnerLife] = field(default_factory=list)  # by the time each took the lease
+    training: collections.Counter[int] = field(default_factory=collections.Counter)
+    how: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def read(
+        cls,
+        sessions: sessionmaker[Session],
+        cluster: str,
+        current: int | None,
+        left: Sequence[tuple[Job, optuna.Study]],
+    ) -> Stops:
+        """The lives of `cluster`'s runners but the `current` one, and the training trials
+        of the running jobs of `left` (a multi-fidelity trial waiting for promotion is not
+        training)."""
+        with sessions() as s:
+            query = select(RunnerLife).where(
+                RunnerLife.cluster == cluster, RunnerLife.acquired_at.is_not(None)
+            )
+            if current is not None:
+                query = query.where(RunnerLife.id != current)
+            lives = list(s.scalars(query.order_by(RunnerLife.acquired_at)))
+            for life in lives:
+                s.expunge(life)
+        stops = cls(lives)
+        for job, study in left:
+            if job.status != JobStatus.RUNNING:
+                continue
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+                started = training_start(t, sessions, job.id)
+                owner = stops.life_of(started)  # None too for one waiting at a rung
+                if owner is not None:
+                    stops.training[owner.id] += 1
+        return stops
+
+    def life_of(self, started: dt.datetime | None) -> RunnerLife | None:
+        """The life that held the lease when a trial started (the last to take it before)."""
+        if started is None:
+            return None
+        at = started.timestamp()
+        found: RunnerLife | None = None
+        for life in self.lives:
+            if life.acquired_at is not None and life.acquired_at <= at:
+                found = life
+        return found
+
+    def blamed(self, started: dt.datetime | None) -> bool:
+        """Whether a trial left training since `started` may count a suspect stop: its
+        runner's death is one a candidate could have caused, and it trained alone. A trial
+        with no recorded life (left by a runner of an older version) counts, as before."""
+        life = self.life_of(started)
+        if life is None:
+            return True
+        if life.id not in self.how:
+            self.how[life.id] = ended_how(life)
+            log.info("the runner %s before this one: %s", life.holder, self.how[life.id])
+        return self.how[life.id] in CANDIDATE_MAY_HAVE_CAUSED and self.training[life.id] <= 1
+
+
+def training_start(
+    t: FrozenTrial, sessions: sessionmaker[Session], job_id: str
+) -> dt.datetime | None:
+    """When a left trial started training: its open run row's start for a multi-fidelity
+    trial with rungs done (None when it is waiting), else the trial's own start."""
+    if not records(t):
+        return t.datetime_start.astimezone(dt.UTC) if t.datetime_start is not None else None
+    with sessions() as s:
+        started = s.scalar(
+            select(func.max(TrialRun.started_at)).where(
+                TrialRun.job_id == job_id,
+                TrialRun.trial_number == t.number,
+                TrialRun.state == RunState.RUNNING,
+            )
+        )
+    return _stored(started) if started is not None else None
+
+
 def recover_job(
     job: Job,
     study: optuna.Study,
     sessions: sessionmaker[Session],
     max_suspect: int,
     event: Callable[[str, EventKind, str, dict[str, Any] | None], None],
+    stops: Stops | None = None,
 ) -> int:
-    """Conclude `job`'s trials left RUNNING; returns how many were re-enqueued."""
+    """Conclude `job`'s trials left RUNNING; returns how many were re-enqueued. `stops`
+    (None: every stop may count, the rule before runner lives were recorded) says which
+    stops may count against a candidate."""
     left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     requeued, poisoned = 0, []
     if job.status == JobStatus.RUNNING:
@@ -136,12 +251,12 @@ def recover_job(
         with sessions() as s:
             last = last_progress(s) if left else None
         for t in [t for t in left if records(t)]:  # multi-fidelity: back to its last rung
-            if _resume(study, t, sessions, job.id, max_suspect, last):
+            if _resume(study, t, sessions, job.id, max_suspect, last, stops):
                 poisoned.append(t.number)
         left = [t for t in left if not records(t)]
         lost: list[tuple[FrozenTrial, int]] = []
         for t in left:
-            suspect = 0 if progress_since(last, t.datetime_start) else _suspect(t) + 1
+            suspect = _suspect_after(t, t.datetime_start, last, stops)
             if suspect >= max_suspect:
                 reason = (
                     f"poisoned: the runner stopped {suspect} times in a row while this "
@@ -249,6 +364,7 @@ def _resume(
     job_id: str,
     max_suspect: int,
     progressed: dt.datetime | None,
+    stops: Stops | None = None,
 ) -> bool:
     """A multi-fidelity trial left running with rungs done (`nas_service.rungs`): one that
     was training a rung when the runner stopped waits again at the last rung it finished (its
@@ -270,7 +386,7 @@ def _resume(
         if waiting and started is None:
             return False
     started = _stored(started) if started is not None else None
-    suspect = 0 if progress_since(progressed, started) else _suspect(t) + 1
+    suspect = _suspect_after(t, started, progressed, stops)
     if suspect >= max_suspect:
         reason = (
             f"poisoned: the runner stopped {suspect} times in a row while this "
@@ -287,6 +403,18 @@ def _resume(
     storage.set_trial_user_attr(tid, ATTR_RUNGS, [*recs[:-1], last | {"promoted": False}])
     storage.set_trial_user_attr(tid, ATTR_WAITING, rung)
     return False
+
+
+def _suspect_after(
+    t: FrozenTrial, started: dt.datetime | None, last: dt.datetime | None, stops: Stops | None
+) -> int:
+    """The trial's suspect stops in a row after this stop: none once another trial finished
+    after it started; one more if this stop may count against it; else as many as before."""
+    if progress_since(last, started):
+        return 0
+    if stops is None or stops.blamed(started.astimezone(dt.UTC) if started else None):
+        return _suspect(t) + 1
+    return _suspect(t)
 
 
 def _suspect(t: FrozenTrial) -> int:

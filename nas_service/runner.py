@@ -20,7 +20,14 @@ concluding one trial fails that trial with the reason and an event; a job whose 
 raising (`max_job_errors`) is failed; a job that cannot run at all (its stored spec, its
 corpus, more CPUs per trial than any node has) is failed at once with the reason. None of
 these stops the runner or another job. A database outage pauses the loop, which resumes
-where it was when the database answers again.
+where it was when the database answers again; an artifact store that fails a write pauses
+the job, which is retried with back-off and failed after `store_retries` faults in a row,
+never its candidates (`nas_service.outcomes`).
+
+The runner records its life (`nas_service.lease.Life`): when it took the lease, when its
+Ray was ready (health reads it; `ray.init` has a deadline, `nas_service.cluster`), and how
+it ended (a graceful stop, a crash), which recovery reads to blame a candidate only for a
+runner death it could have caused.
 
 Run it with `depthscope runner` (or `python -m nas_service.runner`).
 """
@@ -43,7 +50,7 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 
 from nas_service.backend import Backend, RayBackend
-from nas_service.cluster import connect_ray
+from nas_service.cluster import RayUnavailable, connect_ray, ray_init_pending
 from nas_service.db import (
     EventKind,
     Job,
@@ -57,9 +64,9 @@ from nas_service.db import (
 )
 from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
-from nas_service.lease import Lease, LeaseLost
+from nas_service.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
-from nas_service.recovery import jobs_to_recover, record_event, recover_job
+from nas_service.recovery import Stops, jobs_to_recover, record_event, recover_job
 from nas_service.rungs import (
     ATTR_RUNGS,
     ATTR_WAITING,
@@ -129,7 +136,9 @@ class Runner(TrialOutcomes):
             raise ValueError(f"cluster: unknown {cluster!r}")
         self.settings = settings
         self.cluster = cluster
-        self.backend: Backend = backend or RayBackend(settings.clusters[cluster])
+        self.backend: Backend = backend or RayBackend(
+            settings.clusters[cluster], settings.ray_connect_timeout_s
+        )
         self.engine = make_engine(settings.database_url)
         self.Session = make_sessionmaker(self.engine)
         # it owns its jobs' unfinished trials (the lease): re-read only those it wrote
@@ -140,9 +149,12 @@ class Runner(TrialOutcomes):
         self.flights: list[Flight] = []
         self.jobs: dict[str, ActiveJob] = {}
         self.errors: collections.Counter[str] = collections.Counter()
+        self.store_faults: collections.Counter[str] = collections.Counter()
+        self.parked: list[tuple[float, Flight]] = []  # paused after a store fault
         self.backlog: list[tuple[Flight, Any]] = []  # results the database has not taken yet
         self._unrecorded = []
         self.parent = os.getppid() if watch_parent else None
+        self.life = Life(self.Session, cluster, self.lease.holder, service_pid=self.parent)
         self._listed: tuple[list[Job], set[str]] | None = None  # active jobs, cancelled ids
         self._listed_at = 0.0
         self._event = record_event(self.Session)
@@ -182,18 +194,23 @@ class Runner(TrialOutcomes):
     # -- recovery ------------------------------------------------------------------------
     def recover(self) -> int:
         """Conclude what a stopped runner left running (see `nas_service.recovery`)."""
-        requeued = 0
+        left = []
         for job in jobs_to_recover(self.Session, self.cluster):
             try:
                 study = self._job(job).study
             except JobBroken:
                 study = optuna.load_study(study_name=job.study_name, storage=self.storage)
+            left.append((job, study))
+        stops = Stops.read(self.Session, self.cluster, self.life.id, left)
+        requeued = 0
+        for job, study in left:
             requeued += recover_job(
                 job,
                 study,
                 self.Session,
                 self.settings.max_trial_recoveries,
                 self._event,
+                stops,
             )
         return requeued
 
@@ -208,9 +225,13 @@ class Runner(TrialOutcomes):
             if timeout_s is not None and time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"runner still busy after {timeout_s}s")
 
-        self._acquire(check_time, poll_s)
+        self._until_database(self.life.begin, check_time)
+        ended, why = STOPPED, None
         try:
+            self._acquire(check_time, poll_s)
+            self._until_database(lambda: self.life.mark(acquired_at=time.time()), check_time)
             self.backend.connect()
+            self._until_database(lambda: self.life.mark(ray_ready_at=time.time()), check_time)
             self._until_database(self.recover, check_time)
             outage = 0
             while True:
@@ -240,12 +261,21 @@ class Runner(TrialOutcomes):
                     outage += 1
                     log.warning("database unavailable (%s); retrying", describe(exc))
                     time.sleep(min(10.0, poll_s * 2**outage))
+        except (KeyboardInterrupt, SystemExit, LeaseLost, TimeoutError):  # a graceful stop
+            raise
+        except BaseException as exc:  # its own crash, which a candidate may have caused
+            ended, why = CRASHED, describe(exc)
+            raise
         finally:
             try:
                 self.lease.release()
             except Exception as exc:  # the lease expires by itself
                 log.warning("could not release the lease: %s", describe(exc))
             self.backend.shutdown()
+            try:
+                self.life.end(ended, why)
+            except Exception as exc:  # unrecorded: recovery tells from the processes
+                log.warning("could not record how this runner ended: %s", describe(exc))
 
     def _acquire(self, check_time: Any, poll_s: float) -> None:
         """Wait until this runner holds the cluster's lease."""
@@ -306,7 +336,8 @@ class Runner(TrialOutcomes):
         """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
         jobs, cancelled_ids = self._job_list()
         waiting = {j for j, a in self.jobs.items() if a.spec.fidelity is not None}
-        cancelled = cancelled_ids & ({f.job_id for f in self.flights} | waiting)
+        flying = {f.job_id for f in self.flights} | {f.job_id for _, f in self.parked}
+        cancelled = cancelled_ids & (flying | waiting)
         for job_id in cancelled:
             self._cancel_flights(job_id, TrialOutcome.CANCELLED, "job cancelled")
         for job in jobs:
@@ -333,6 +364,8 @@ class Runner(TrialOutcomes):
                     started += f"; {describe_fidelity(spec)}"
                 row.events.append(JobEvent(kind=EventKind.STARTED, message=started))
             self._relist()
+        if self._relaunch_parked(job.id):
+            return  # paused: the artifact store failed one of its runs (`_store_fault`)
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
         ladder = self._ladder(active, mine)
@@ -466,6 +499,9 @@ class Runner(TrialOutcomes):
                 f"cluster {self.cluster} has {node['CPU']:g}: no trial could ever start"
             )
 
+    def _fail_job(self, job_id: str, reason: str) -> None:
+        self._job_error(job_id, JobBroken(reason), fatal=True)
+
     def _job_error(self, job_id: str, exc: BaseException, fatal: bool = False) -> None:
         """An error of one job: recorded; the job fails at once if `fatal`, else after
         `max_job_errors`."""
@@ -584,8 +620,21 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings(**overrides)
     upgrade(settings.database_url)
     runner = Runner(settings, args.cluster, watch_parent=args.watch_parent)
-    runner.run(until_idle=not args.forever, timeout_s=args.timeout)
-    return 0
+    code = 0
+    try:
+        runner.run(until_idle=not args.forever, timeout_s=args.timeout)
+    except RayUnavailable as exc:
+        log.error("cluster %s: %s; exiting", args.cluster, exc)
+        code = 3
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    finally:
+        if ray_init_pending():
+            # a `ray.init` still stuck in its thread: exit without Ray's exit hooks, which
+            # would wait for it (the lease is given back and the life recorded already)
+            logging.shutdown()
+            os._exit(code or 3)
+    return code
 
 
 def _die_with_parent() -> None:

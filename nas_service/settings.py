@@ -143,6 +143,14 @@ class Settings(BaseSettings):
     # for it. It may hold credentials: messages name only its kind (`check_job`).
     artifact_store: str = "depthscope-artifacts"
     max_checkpoint_bytes: int = Field(default=1 << 30, ge=1)  # one checkpoint read back
+    # A store that fails a write is the operator's fault, never the candidate's: the job
+    # pauses and the run is tried again after store_retry_s, 2×, 4×… (at most 60 s); the job
+    # fails once the store has failed this many times in a row.
+    store_retries: int = Field(default=5, ge=1)
+    store_retry_s: float = Field(default=1.0, gt=0, le=60)
+    # The runner's Ray must answer within this many seconds (`ray.init`), or the runner
+    # exits with the reason (and the service starts it again).
+    ray_connect_timeout_s: float = Field(default=60.0, gt=0)
 
     @field_validator("corpora")
     @classmethod

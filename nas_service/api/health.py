@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import responses
 from nas_service.api.routing import LATENCY_BUCKETS, SECURED, ApiRoute
-from nas_service.db import JOB_STATES, RUN_STATES, Job, JobStatus, TrialRun
+from nas_service.db import JOB_STATES, RUN_STATES, Job, JobStatus, RunnerLife, TrialRun
 
 #: The text format every Prometheus reads (what `generate_latest` writes).
 PROMETHEUS_TEXT = CONTENT_TYPE_PLAIN_0_0_4
@@ -29,13 +29,16 @@ metrics_router = APIRouter(tags=["metrics"], route_class=ApiRoute, dependencies=
 
 class HealthRead(BaseModel):
     """`status` ok or degraded (then the answer is a 503); the database, the runners (alive
-    or not) and each configured remote Ray head (reachable or not)."""
+    or not), whether each runner's Ray is ready (`runner_ray`: ready, connecting, waiting
+    for the lease, starting, or unknown while the database does not answer) and each
+    configured remote Ray head (reachable or not)."""
 
     model_config = ConfigDict(extra="forbid")
 
     status: str
     database: str
     runners: dict[str, bool] | None = None
+    runner_ray: dict[str, str] | None = None
     ray: dict[str, str] | None = None
 
 
@@ -56,8 +59,10 @@ def health(request: Request) -> JSONResponse:
     runners = request.app.state.runners
     if runners:
         alive = {name: proc.poll() is None for name, proc in runners.items()}
-        body["runners"] = alive  # a live runner holds its Ray connection (it exits without)
-        if not all(alive.values()):
+        body["runners"] = alive
+        ready = _runner_ray(request, runners) if body["database"] == "ok" else {}
+        body["runner_ray"] = {name: ready.get(name, "unknown") for name in runners}
+        if not all(alive.values()) or any(v != "ready" for v in body["runner_ray"].values()):
             body["status"] = "degraded"
     remote = {
         name: _reachable(cluster.address)
@@ -67,6 +72,37 @@ def health(request: Request) -> JSONResponse:
     if remote:
         body["ray"] = {name: "ok" if ok else "unreachable" for name, ok in remote.items()}
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+
+def _runner_ray(request: Request, runners: dict[str, Any]) -> dict[str, str]:
+    """Where each runner process of this service stands, from its life row (the runner
+    writes when it took the lease and when its Ray answered; `nas_service.lease`)."""
+    host = socket.gethostname()[:255]
+    states = {}
+    try:
+        with request.app.state.sessions() as session:
+            for name, proc in runners.items():
+                life = session.scalars(
+                    select(RunnerLife)
+                    .where(
+                        RunnerLife.cluster == name,
+                        RunnerLife.pid == proc.pid,
+                        RunnerLife.host == host,
+                    )
+                    .order_by(RunnerLife.id.desc())
+                    .limit(1)
+                ).first()
+                if life is None or life.ended_at is not None:
+                    states[name] = "starting" if proc.poll() is None else "stopped"
+                elif life.ray_ready_at is not None:
+                    states[name] = "ready"
+                elif life.acquired_at is not None:
+                    states[name] = "connecting"
+                else:
+                    states[name] = "waiting for the lease"
+    except Exception:  # report, do not raise: health must answer
+        return {}
+    return states
 
 
 def _reachable(address: str, timeout: float = 1.0) -> bool:

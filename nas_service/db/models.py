@@ -212,3 +212,33 @@ class RunnerLease(Base):
     holder: Mapped[str] = mapped_column(String(200))
     acquired_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+class RunnerLife(Base):
+    """One runner process's life on a cluster, from its start to how it ended: what recovery
+    reads to tell a runner-only crash (which a candidate may have caused) from a graceful
+    stop or the death of its whole service or host (which no candidate caused), and what
+    health reads to say whether a runner's Ray is ready (`nas_service.lease`). Times are
+    wall-clock seconds since the epoch; `pid_start` and `service_start` are the processes'
+    start times in clock ticks since boot (`/proc/<pid>/stat`), which with `boot_id` name a
+    process unambiguously on its host."""
+
+    __tablename__ = "ds_runner_lives"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    cluster: Mapped[str] = mapped_column(String(64), index=True)
+    holder: Mapped[str] = mapped_column(String(200), index=True)
+    host: Mapped[str] = mapped_column(String(255))
+    boot_id: Mapped[str | None] = mapped_column(String(64), default=None)
+    pid: Mapped[int] = mapped_column(Integer)
+    pid_start: Mapped[int | None] = mapped_column(Integer, default=None)
+    service_pid: Mapped[int | None] = mapped_column(Integer, default=None)
+    service_start: Mapped[int | None] = mapped_column(Integer, default=None)
+    started_at: Mapped[float] = mapped_column(Float)
+    acquired_at: Mapped[float | None] = mapped_column(Float, default=None)
+    ray_ready_at: Mapped[float | None] = mapped_column(Float, default=None)
+    ended_at: Mapped[float | None] = mapped_column(Float, default=None)
+    # how it ended: "stopped" (a graceful stop: SIGTERM, its work done, its lease lost) or
+    # "crashed" (an exception out of its loop); None: it never said (killed, or still alive)
+    end: Mapped[str | None] = mapped_column(String(16), default=None)
+    reason: Mapped[str | None] = mapped_column(Text, default=None)

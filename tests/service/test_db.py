@@ -25,7 +25,14 @@ from nas_service.db import (
     upgrade,
 )
 
-OURS = {"ds_jobs", "ds_job_events", "ds_trial_runs", "ds_runner_leases", VERSION_TABLE}
+OURS = {
+    "ds_jobs",
+    "ds_job_events",
+    "ds_trial_runs",
+    "ds_runner_leases",
+    "ds_runner_lives",
+    VERSION_TABLE,
+}
 
 
 def tables(url: str) -> set[str]:
@@ -39,7 +46,7 @@ def tables(url: str) -> set[str]:
 def test_upgrade_creates_our_tables_with_our_version_table(db_url: str) -> None:
     assert current(db_url) is None
     upgrade(db_url)
-    assert current(db_url) == head() == "0002"
+    assert current(db_url) == head() == "0003"
     assert tables(db_url) == OURS  # no plain alembic_version: Optuna's name stays free
 
 
@@ -119,6 +126,6 @@ def test_cli_db_upgrade_and_current(sqlite_url: str) -> None:
 
     assert cli("current").stdout.strip() == "none"
     assert cli("upgrade").returncode == 0
-    assert cli("current").stdout.strip() == "0002 (head)"
+    assert cli("current").stdout.strip() == "0003 (head)"
     assert cli("downgrade", "base").returncode == 0
     assert cli("current").stdout.strip() == "none"
