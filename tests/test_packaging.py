@@ -72,13 +72,19 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
     depthscope = venv / "bin" / "depthscope"
     run(depthscope, "db", "upgrade", cwd=elsewhere, env=env)
     assert run(depthscope, "db", "current", cwd=elsewhere, env=env).stdout.strip() == (
-        "0002 (head)"
+        "0003 (head)"
     )
     where = run(py, "-c", "import nas_service; print(nas_service.__file__)", cwd=elsewhere)
     assert str(venv) in where.stdout  # the installed package, not the checkout
     with sqlite3.connect(db) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert {"ds_jobs", "ds_job_events", "ds_trial_runs", "ds_runner_leases"} <= tables
+    assert {
+        "ds_jobs",
+        "ds_job_events",
+        "ds_trial_runs",
+        "ds_runner_leases",
+        "ds_runner_lives",
+    } <= tables
 
 
 def test_the_wheel_ships_the_dashboard(tmp_path: Path) -> None:
