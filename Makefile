@@ -53,9 +53,12 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not gpu and not slow" $(PYTEST_ARGS)
 
+# ruff, and the import layers of pyproject.toml's [tool.importlinter] (every import counts,
+# those inside functions and under TYPE_CHECKING too).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: setup
 	$(VENV)/bin/mypy

@@ -27,9 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from nas_service.calibration import calibration, plot_calibration
+from nas_service.calibration import plot_calibration
 from nas_service.db import Job, make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage, submit
+from nas_service.queries import calibration
 from nas_service.results import ResultsCache
 from nas_service.runner import Runner, connect_ray
 from nas_service.settings import ClusterSettings, get_settings

@@ -32,7 +32,7 @@ from cost_model.flops import (
     prefill_flops,
     training_flops_per_token,
 )
-from cost_model.hardware import PRESETS, Hardware, get_hardware
+from cost_model.hardware import PRESETS, Hardware
 from cost_model.io import ResidualIO, residual_io
 from cost_model.layout import (
     LAYOUT_METRICS,
@@ -46,6 +46,7 @@ from cost_model.layout import (
     search_layout,
     search_layout_grid,
 )
+from cost_model.machine import get_hardware
 from cost_model.memory import (
     ActivationSettings,
     InferenceMemory,

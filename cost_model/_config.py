@@ -16,26 +16,15 @@ import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 
+from cost_model._variant import VARIANTS as VARIANTS
+from cost_model._variant import Variant as Variant
 from cost_model.residuals import BLOCK_SIZED, STREAMED, residual_of
 
-#: Every residual variant depthscope knows: the one vocabulary that the cost model
-#: (`cost_model.residuals`), the torch model (`workers.model.mixers`), the job spec and the API
-#: all use. The last three are the paper's Table 4 ablations of Full AttnRes.
-Variant = Literal[
-    "baseline",
-    "full_attnres",
-    "block_attnres",
-    "mhc_lite",
-    "denseformer",
-    "attnres_input_query",
-    "attnres_sigmoid",
-    "attnres_no_key_norm",
-]
-VARIANTS: tuple[str, ...] = get_args(Variant)
+# The variants' names (`Variant`, `VARIANTS`) live in `cost_model._variant`, re-exported here.
 # Each name's cost terms: `cost_model.residuals.RESIDUALS[name]`, which also derives the variant
 # sets (`FULL_ATTNRES_FAMILY`, `ATTNRES_VARIANTS`) from the implementations.
 

@@ -286,23 +286,6 @@ PRESETS: dict[str, Hardware] = {
 ALIASES: dict[str, str] = {"dgx-a100": "a100", "dgx-h100": "h100", "dgx-h200": "h200"}
 
 
-def get_hardware(name: str) -> Hardware:
-    """The preset `name`; "cpu" with this machine's measured peaks (`cost_model.machine`)."""
-    key = name.lower()
-    key = ALIASES.get(key, key)
-    if key == "cpu":
-        from cost_model.machine import cpu_hardware  # it imports this module
-
-        return cpu_hardware()
-    try:
-        return PRESETS[key]
-    except KeyError:
-        raise CostInputError(
-            "hardware",
-            f"unknown preset {name!r}; expected one of {', '.join([*PRESETS, *ALIASES])}",
-        ) from None
-
-
 @dataclass(frozen=True)
 class RooflineTime:
     """Seconds: compute-bound and memory-bound times, communication, the pipeline bubble, and

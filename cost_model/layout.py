@@ -59,7 +59,8 @@ import numpy as np
 
 from cost_model._config import ArchConfig, ArchGrid, CostInputError, _Derived
 from cost_model._workload import RECOMPUTE_MODES, Parallelism, Workload
-from cost_model.hardware import Hardware, get_hardware
+from cost_model.hardware import Hardware
+from cost_model.machine import get_hardware
 from cost_model.memory import training_memory
 from cost_model.report import grid_groups
 from cost_model.timing import train_step_time

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from cost_model._config import CostInputError
-from cost_model.hardware import NOMINAL_CPU, Hardware
+from cost_model.hardware import ALIASES, NOMINAL_CPU, PRESETS, Hardware
 
 log = logging.getLogger(__name__)
 
@@ -207,3 +207,19 @@ def cpu_hardware() -> Hardware:
         peak_flops=dict.fromkeys(NOMINAL_CPU.peak_flops, flops),
         memory_bandwidth=peaks.bandwidth_bytes_per_s,
     )
+
+
+def get_hardware(name: str) -> Hardware:
+    """The preset `name` (`cost_model.hardware.PRESETS`, `ALIASES`); "cpu" with this machine's
+    measured peaks (`cpu_hardware`)."""
+    key = name.lower()
+    key = ALIASES.get(key, key)
+    if key == "cpu":
+        return cpu_hardware()
+    try:
+        return PRESETS[key]
+    except KeyError:
+        raise CostInputError(
+            "hardware",
+            f"unknown preset {name!r}; expected one of {', '.join([*PRESETS, *ALIASES])}",
+        ) from None

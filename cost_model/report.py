@@ -28,8 +28,9 @@ from cost_model.flops import (
     prefill_flops,
     training_flops_per_token,
 )
-from cost_model.hardware import Hardware, RooflineTime, get_hardware
+from cost_model.hardware import Hardware, RooflineTime
 from cost_model.io import ResidualIO, residual_io
+from cost_model.machine import get_hardware
 from cost_model.memory import InferenceMemory, TrainingMemory, inference_memory, training_memory
 from cost_model.params import ParamCount, param_count
 from cost_model.residuals import residual_of

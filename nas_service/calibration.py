@@ -23,11 +23,14 @@ not an error: the job is fine, it has not trained enough yet). The cluster scope
 trials of the `CLUSTER_JOBS` most recent jobs of the job's cluster (the spec's `cluster`).
 
 `calibrated_step_time_s` is the fitted model applied to a candidate's roofline terms (for the
-same step, device kind and hardware as the fit)."""
+same step, device kind and hardware as the fit).
+
+The answer of `GET /v1/jobs/{id}/calibration` (and its plot) is `queries.calibration`, built
+from this module's points and groups; this module stays below `jobs` (whose submission takes
+a cluster's fit, `cluster_fit`) and `queries`."""
 
 from __future__ import annotations
 
-import functools
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -48,7 +51,8 @@ from cost_model.calibration import (
 from cost_model.hardware import Hardware, RooflineTime
 from cost_model.memory import training_memory
 from cost_model.timing import train_step_time
-from nas_service.api.schemas import (
+from nas_service.db import Job
+from nas_service.reads import (
     CalibrationGroupRead,
     CalibrationPointRead,
     CalibrationRead,
@@ -57,9 +61,7 @@ from nas_service.api.schemas import (
     MemoryComparisonRead,
     StepModelRead,
 )
-from nas_service.db import Job
-from nas_service.queries import NothingYet, job_results, job_row
-from nas_service.results import ResultsCache, TrialRow
+from nas_service.results import ResultsCache, TrialRow, job_results
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.
 CLUSTER_JOBS = 200
@@ -271,66 +273,6 @@ def _group(kind: str, points: list[Point]) -> CalibrationGroupRead:
 def _cluster_jobs(session: Session, cluster: str) -> list[Job]:
     jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(CLUSTER_JOBS))
     return [j for j in jobs if (j.spec or {}).get("cluster", "local") == cluster]
-
-
-def calibration(
-    session: Session, cache: ResultsCache, job_id: str, scope: str = "job"
-) -> CalibrationRead:
-    """The job's calibration (scope "job"), or its cluster's (scope "cluster": every recent
-    job of the same cluster), one group per device kind."""
-    if scope not in SCOPES:
-        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
-    job = job_row(session, cache, job_id)
-    cluster = str((job.spec or {}).get("cluster", "local"))
-    jobs = [job] if scope == "job" else _cluster_jobs(session, cluster)
-    if scope == "cluster" and all(j.id != job.id for j in jobs):
-        jobs.append(job)
-    points: list[Point] = []
-    skipped: list[CalibrationSkipRead] = []
-    for j in jobs:
-        results = job_results(cache, j)
-        found = results.memoised(
-            ("calibration_points",), functools.partial(trial_points, j.id, j.spec, results.rows)
-        )
-        points += found[0]
-        skipped += found[1]
-    kinds: dict[str, list[Point]] = {}
-    for p in points:
-        kinds.setdefault(p.device_kind, []).append(p)
-    groups = [_group(kind, kinds[kind]) for kind in sorted(kinds)]
-    if not groups:
-        message = f"no measured trial yet: a calibration needs {MIN_TRIALS} per device kind"
-    elif any(g.ready for g in groups):
-        message = "calibrated: " + ", ".join(
-            f"{g.device_kind} on {g.trials} trials" for g in groups if g.ready
-        )
-    else:
-        message = "; ".join(
-            f"{g.device_kind}: {g.trials} measured trials, {g.needed} more needed" for g in groups
-        )
-    return CalibrationRead(
-        job_id=job_id,
-        cluster=cluster,
-        scope=scope,
-        min_trials=MIN_TRIALS,
-        ready=any(g.ready for g in groups),
-        message=message,
-        groups=groups,
-        skipped=skipped,
-    )
-
-
-def calibration_png(
-    session: Session, cache: ResultsCache, job_id: str, scope: str = "job"
-) -> bytes:
-    """Predicted against measured step time, log-log, with the y = x line: the raw roofline
-    and (where fitted) the calibrated model's out-of-fold predictions, per device kind."""
-    from nas_service.queries import _png
-
-    answer = calibration(session, cache, job_id, scope)
-    if not answer.groups:
-        raise NothingYet("job_id", answer.message)
-    return _png(lambda path: plot_calibration(answer, path))
 
 
 def plot_calibration(answer: CalibrationRead, path: str) -> None:

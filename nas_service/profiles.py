@@ -11,7 +11,7 @@ variants (seed k of every trial sees the same batches and the same initialisatio
 common parameters), so variants are compared shape by shape on per-seed differences
 (`compare`), with a Student t interval over seeds.
 
-Pure Python and numpy over `results.TrialRow`s: no database, Optuna, torch or Ray.
+Pure Python and numpy over `rows.TrialRow`s: no database, Optuna, torch or Ray.
 """
 
 from __future__ import annotations
@@ -19,16 +19,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from nas_service.analysis import paired_interval
 from nas_service.db import TrialStatus
+from nas_service.rows import TrialRow
 from nas_service.spec import TRAINING_AXES
-
-if TYPE_CHECKING:
-    from nas_service.results import TrialRow
 
 METHOD = "paired Student t over seeds, n-1 degrees of freedom"
 

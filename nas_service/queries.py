@@ -8,11 +8,10 @@ errors (`JobNotFound`, `NothingYet`) that the API renders."""
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
+import functools
 import logging
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,8 +20,21 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
+from cost_model.calibration import MIN_TRIALS
 from nas_service import analysis, profiles
-from nas_service.api.schemas import (
+from nas_service.calibration import (
+    SCOPES,
+    Point,
+    _cluster_jobs,
+    _group,
+    plot_calibration,
+    trial_points,
+)
+from nas_service.db import Job, JobStatus, TrialOutcome, TrialStatus
+from nas_service.jobs import cancel_job, get_job, list_jobs
+from nas_service.reads import (
+    CalibrationRead,
+    CalibrationSkipRead,
     CompareRead,
     Compute,
     JobList,
@@ -39,8 +51,6 @@ from nas_service.api.schemas import (
     TrialList,
     TrialRead,
 )
-from nas_service.db import Job, JobStatus, TrialOutcome, TrialStatus
-from nas_service.jobs import cancel_job, get_job, list_jobs
 from nas_service.results import (
     JobResults,
     ResultsCache,
@@ -49,9 +59,11 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
+from nas_service.results import job_results as job_results
+from nas_service.results import stored_spec as stored_spec
 from nas_service.rungs import expected_compute, rung_progress
 from nas_service.search import runs_of
-from nas_service.spec import CandidateSpace, JobSpec, StoredSpec, decode_residual, read_stored
+from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 
 log = logging.getLogger(__name__)
 
@@ -75,36 +87,6 @@ def job_row(session: Session, cache: ResultsCache, job_id: str) -> Job:
         return job
 
     return cache.recent(("job", job_id), read)
-
-
-#: Stored specs read back, per job id, at most (`stored_spec`).
-STORED_SPECS = 4096
-_stored: collections.OrderedDict[str, StoredSpec] = collections.OrderedDict()
-_stored_lock = threading.Lock()
-
-
-def stored_spec(job: Job) -> StoredSpec:
-    """The job's spec as stored, read back (`spec.read_stored`: never the layout search of
-    `layout: auto`, counted at submission) once per process: a job's spec never changes
-    after its submission. A row this version no longer reads carries the reason."""
-    with _stored_lock:
-        hit = _stored.get(job.id)
-        if hit is not None:
-            _stored.move_to_end(job.id)
-            return hit
-    read = read_stored(job.spec)
-    if read.spec is None:
-        log.warning("job %s: its stored spec is no longer valid: %s", job.id, read.reason)
-    with _stored_lock:
-        _stored[job.id] = read
-        while len(_stored) > STORED_SPECS:
-            _stored.popitem(last=False)
-    return read
-
-
-def job_results(cache: ResultsCache, job: Job) -> JobResults:
-    stored = stored_spec(job)
-    return cache.get(job.study_name, stored.objectives, stored.single_budget, job_id=job.id)
 
 
 @dataclass(frozen=True)
@@ -439,6 +421,64 @@ def compare_png(
             "reference", f"no shape has been trained with both {reference} and another variant"
         )
     return _png(lambda path: analysis.plot_compare(out, path))
+
+
+def calibration(
+    session: Session, cache: ResultsCache, job_id: str, scope: str = "job"
+) -> CalibrationRead:
+    """The job's calibration (scope "job"), or its cluster's (scope "cluster": every recent
+    job of the same cluster), one group per device kind."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
+    job = job_row(session, cache, job_id)
+    cluster = str((job.spec or {}).get("cluster", "local"))
+    jobs = [job] if scope == "job" else _cluster_jobs(session, cluster)
+    if scope == "cluster" and all(j.id != job.id for j in jobs):
+        jobs.append(job)
+    points: list[Point] = []
+    skipped: list[CalibrationSkipRead] = []
+    for j in jobs:
+        results = job_results(cache, j)
+        found = results.memoised(
+            ("calibration_points",), functools.partial(trial_points, j.id, j.spec, results.rows)
+        )
+        points += found[0]
+        skipped += found[1]
+    kinds: dict[str, list[Point]] = {}
+    for p in points:
+        kinds.setdefault(p.device_kind, []).append(p)
+    groups = [_group(kind, kinds[kind]) for kind in sorted(kinds)]
+    if not groups:
+        message = f"no measured trial yet: a calibration needs {MIN_TRIALS} per device kind"
+    elif any(g.ready for g in groups):
+        message = "calibrated: " + ", ".join(
+            f"{g.device_kind} on {g.trials} trials" for g in groups if g.ready
+        )
+    else:
+        message = "; ".join(
+            f"{g.device_kind}: {g.trials} measured trials, {g.needed} more needed" for g in groups
+        )
+    return CalibrationRead(
+        job_id=job_id,
+        cluster=cluster,
+        scope=scope,
+        min_trials=MIN_TRIALS,
+        ready=any(g.ready for g in groups),
+        message=message,
+        groups=groups,
+        skipped=skipped,
+    )
+
+
+def calibration_png(
+    session: Session, cache: ResultsCache, job_id: str, scope: str = "job"
+) -> bytes:
+    """Predicted against measured step time, log-log, with the y = x line: the raw roofline
+    and (where fitted) the calibrated model's out-of-fold predictions, per device kind."""
+    answer = calibration(session, cache, job_id, scope)
+    if not answer.groups:
+        raise NothingYet("job_id", answer.message)
+    return _png(lambda path: plot_calibration(answer, path))
 
 
 def _png(draw: Callable[[str], Any]) -> bytes:

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import functools
 import gc
-import math
+import logging
 import sys
 import threading
 import time
@@ -43,11 +42,17 @@ from nas_service.analysis import (
     fit_scaling,
     pareto_front,
 )
-from nas_service.db import TrialOutcome, TrialRun, TrialStatus
+from nas_service.db import Job, TrialOutcome, TrialRun, TrialStatus
+from nas_service.rows import SettingKey as SettingKey
+from nas_service.rows import TrialRow as TrialRow
+from nas_service.rows import _finite, _loss_or_none
+from nas_service.rows import setting_key as setting_key
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME
-from nas_service.spec.space import encode_residual
+from nas_service.spec import StoredSpec, read_stored
 from nas_service.trial_tables import StoredTrial, read_trials
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -62,140 +67,6 @@ _UNFINISHED = (TrialState.RUNNING, TrialState.WAITING)
 #: A table's fingerprint: (its number of trials, whether trial n exists, and its job's run
 #: rows as (count, last id, last finish) or else its unfinished trials as (id, state)).
 Fingerprint = tuple[int, bool, tuple[Any, ...]]
-
-
-#: A training setting as a hashable key (its items sorted).
-SettingKey = tuple[tuple[str, float], ...]
-
-
-def setting_key(setting: dict[str, float]) -> SettingKey:
-    return tuple(sorted((str(k), float(v)) for k, v in setting.items()))
-
-
-@dataclass
-class TrialRow:
-    number: int
-    state: TrialStatus
-    outcome: TrialOutcome | str  # "" for a trial finished without an outcome (not the runner's)
-    reason: str
-    params: dict[str, Any]
-    arch: dict[str, Any]
-    metrics: dict[str, float]
-    values: list[float] | None
-    train: list[dict[str, Any]]
-    curve: list[list[float]]
-    lost: bool
-    duration_s: float | None
-    budget: float | None = None  # FLOPs or tokens the trial was trained with
-    trial_id: int = -1  # Optuna's storage id (for incremental refreshes)
-    #: the chosen training setting (every axis's effective value; {} for older trials)
-    setting: dict[str, float] = field(default_factory=dict)
-    #: every setting tried: {"setting", "losses" (per seed, None where not finite), "mean"}
-    settings: list[dict[str, Any]] = field(default_factory=list)
-    #: the chosen setting's final validation loss per seed, in seed order
-    seeds: list[float | None] = field(default_factory=list)
-    #: multi-fidelity: every rung trained ({rung, fraction, loss, promoted, ...}), and the
-    #: rung the trial waits at for promotion (None: training, or done)
-    rungs: list[dict[str, Any]] = field(default_factory=list)
-    waiting: int | None = None
-
-    def __post_init__(self) -> None:
-        self.state = TrialStatus(self.state)  # a plain string of the vocabulary is taken too
-        if not self.settings and self.state == TrialStatus.COMPLETE:
-            # a trial from before training settings were recorded: one setting, {}, with the
-            # losses of its seeds (or its value)
-            loss = _loss_or_none(self.metrics.get("val_loss"))
-            losses = list(self.seeds) or ([loss] if loss is not None else [])
-            if losses:
-                self.settings = [
-                    {"setting": dict(self.setting), "losses": losses, "mean": _mean(losses)}
-                ]
-        if not self.seeds and self.state == TrialStatus.COMPLETE:
-            chosen = setting_key(self.setting)
-            for entry in self.settings:
-                if setting_key(entry["setting"]) == chosen:
-                    self.seeds = list(entry["losses"])
-                    break
-
-    @property
-    def variant(self) -> str:
-        return str(self.arch.get("variant", "")) if self.arch else ""
-
-    @functools.cached_property
-    def residual(self) -> str:
-        """The variant as comparisons name it: with its block size where it has one
-        (`block_attnres/S=4`, `spec.space.encode_residual`). Computed once: a row's
-        architecture is never changed."""
-        variant = self.variant
-        try:
-            return encode_residual(variant, self.arch)
-        except KeyError:  # an architecture recorded without its block size
-            return variant
-
-    @property
-    def shape_key(self) -> tuple[str, int, int, int, float | None]:
-        """(variant label, n_layers, d_model, n_heads, budget): what a shape is matched by
-        (n_layers, d_model, n_heads 0 where the architecture lacks them)."""
-        a = self.arch
-        return (
-            self.residual,
-            int(a.get("n_layers", 0)),
-            int(a.get("d_model", 0)),
-            int(a.get("n_heads", 0)),
-            self.budget,
-        )
-
-    @functools.cached_property
-    def arch_key(self) -> tuple[Any, ...]:
-        """The architecture without training, and the budget: the unit of a profile. A trial
-        without a recorded architecture is its own. Computed once (profiles ask it of every
-        trial, several times per answer)."""
-        if not self.arch:
-            return ("trial", self.number, self.budget)
-        return (tuple(sorted((k, _hashable(v)) for k, v in self.arch.items())), self.budget)
-
-    def as_dict(self, curve: bool = False) -> dict[str, Any]:
-        out = {
-            "number": self.number,
-            "state": self.state,
-            "outcome": self.outcome,
-            "reason": self.reason,
-            "variant": self.variant,
-            "params": self.params,
-            "arch": self.arch,
-            "metrics": self.metrics,
-            "values": self.values,
-            "train": self.train,
-            "duration_s": self.duration_s,
-            "budget": self.budget,
-            "setting": self.setting,
-            "settings": self.settings,
-            "seeds": self.seeds,
-            "rungs": self.rungs,
-            "waiting": self.waiting,
-        }
-        if curve:
-            out["curve"] = self.curve
-        return out
-
-
-def _hashable(value: Any) -> Any:
-    try:
-        hash(value)
-    except TypeError:
-        return repr(value)
-    return value
-
-
-def _mean(losses: list[float | None]) -> float | None:
-    """The mean of per-seed losses, None when any is missing (a run diverged)."""
-    if not losses or any(not _finite(v) for v in losses):
-        return None
-    return float(sum(v for v in losses if v is not None) / len(losses))
-
-
-def _loss_or_none(value: Any) -> float | None:
-    return float(value) if _finite(value) else None
 
 
 def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:
@@ -673,10 +544,6 @@ def pareto_rows(
     return [rows[i] for i in front], rows
 
 
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)
-
-
 def _ratio(row: TrialRow) -> float:
     return float(row.arch["d_model"]) / float(row.arch["n_layers"])
 
@@ -860,3 +727,33 @@ def scaling_by_variant(
                 if v != reference
             }
     return out
+
+
+#: Stored specs read back, per job id, at most (`stored_spec`).
+STORED_SPECS = 4096
+_stored: collections.OrderedDict[str, StoredSpec] = collections.OrderedDict()
+_stored_lock = threading.Lock()
+
+
+def stored_spec(job: Job) -> StoredSpec:
+    """The job's spec as stored, read back (`spec.read_stored`: never the layout search of
+    `layout: auto`, counted at submission) once per process: a job's spec never changes
+    after its submission. A row this version no longer reads carries the reason."""
+    with _stored_lock:
+        hit = _stored.get(job.id)
+        if hit is not None:
+            _stored.move_to_end(job.id)
+            return hit
+    read = read_stored(job.spec)
+    if read.spec is None:
+        log.warning("job %s: its stored spec is no longer valid: %s", job.id, read.reason)
+    with _stored_lock:
+        _stored[job.id] = read
+        while len(_stored) > STORED_SPECS:
+            _stored.popitem(last=False)
+    return read
+
+
+def job_results(cache: ResultsCache, job: Job) -> JobResults:
+    stored = stored_spec(job)
+    return cache.get(job.study_name, stored.objectives, stored.single_budget, job_id=job.id)

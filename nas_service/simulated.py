@@ -62,7 +62,7 @@ from typing import Any
 from cost_model import ArchConfig
 from cost_model.flops import training_flops_per_token
 from cost_model.residuals import DEPTH_MIXED
-from nas_service.api.schemas import LandscapeRead, TrainRunRead, TrialRead
+from nas_service.reads import LandscapeRead, TrainRunRead, TrialRead
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 Item = EvalPoint | TrainResult | BaseException

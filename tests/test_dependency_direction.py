@@ -1,6 +1,10 @@
 """The dependency direction of the design, enforced on the source (not only documented):
 cost_model is pure; workers never reach the service, the database or Optuna, and only
-workers/task.py imports Ray; importing the cost model or the CLI does not import torch."""
+workers/task.py imports Ray; importing the cost model or the CLI does not import torch.
+
+The same direction between the project's own packages, and the layers inside `nas_service`,
+are import-linter contracts too (pyproject.toml, `tests/test_import_graph.py`); this test
+keeps what they do not say: which third-party frameworks each package may import."""
 
 from __future__ import annotations
 

@@ -16,9 +16,8 @@ import inspect
 import pkgutil
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from cost_model.residuals._base import PipelinePayload, Residual, SublayerIO
+from cost_model.residuals._base import ArchSizes, PipelinePayload, Residual, SublayerIO
 from cost_model.residuals.attnres import (
     AttnRes,
     BlockAttnRes,
@@ -30,9 +29,6 @@ from cost_model.residuals.attnres import (
 from cost_model.residuals.baseline import Baseline
 from cost_model.residuals.denseformer import DenseFormer
 from cost_model.residuals.mhc import MHCLite
-
-if TYPE_CHECKING:
-    from cost_model._config import _Derived
 
 
 def _discover() -> dict[str, Residual]:
@@ -78,7 +74,7 @@ STREAMED: tuple[str, ...] = tuple(n for n, r in RESIDUALS.items() if r.has_strea
 DEPTH_MIXED: frozenset[str] = frozenset(n for n, r in RESIDUALS.items() if r.has_depth_mixing)
 
 
-def residual_of(cfg: _Derived) -> Residual:
+def residual_of(cfg: ArchSizes) -> Residual:
     """The implementation of `cfg.variant` (an `ArchConfig` or an `ArchGrid`)."""
     return RESIDUALS[cfg.variant]
 
@@ -90,6 +86,7 @@ __all__ = [
     "FULL_ATTNRES_FAMILY",
     "RESIDUALS",
     "STREAMED",
+    "ArchSizes",
     "AttnRes",
     "Baseline",
     "BlockAttnRes",

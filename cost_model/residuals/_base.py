@@ -20,12 +20,32 @@ sublayer's input may be built from; L = 2·L_b sublayers; N depth blocks.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from cost_model._config import Variant, _Derived
+from cost_model._variant import Variant
 
 FP32 = 4  # bytes of the fp32 key scales, logits and weights the depth mixing keeps
+
+
+class ArchSizes(Protocol):
+    """What a residual reads of `cfg`: the sizes an `ArchConfig` and an `ArchGrid` both have
+    (`cost_model._config._Derived`), as ints or as arrays. A protocol, so that the variants'
+    implementations never import the architecture, which asks them for its `n_blocks`."""
+
+    @property
+    def variant(self) -> str: ...
+    @property
+    def n_layers(self) -> Any: ...
+    @property
+    def d_model(self) -> Any: ...
+    @property
+    def block_size(self) -> Any: ...
+    @property
+    def streams(self) -> Any: ...
+    @property
+    def n_sublayers(self) -> Any: ...
+    @property
+    def n_blocks(self) -> Any: ...
 
 
 def cdiv(a: Any, b: Any) -> Any:
@@ -66,61 +86,61 @@ class Residual(ABC):
 
     # -- depth sources --------------------------------------------------------------------
     @abstractmethod
-    def n_blocks(self, cfg: _Derived) -> Any:
+    def n_blocks(self, cfg: ArchSizes) -> Any:
         """N, the number of depth blocks (0 for a variant without depth attention). The
         definition: formulas read `cfg.n_blocks`, which asks it (once per `ArchGrid`)."""
 
     @abstractmethod
-    def attended_sources_total(self, cfg: _Derived) -> Any:
+    def attended_sources_total(self, cfg: ArchSizes) -> Any:
         """Σ over sublayers of the number of sources each sublayer attends to."""
 
     @abstractmethod
-    def aggregation_sources(self, cfg: _Derived) -> Any:
+    def aggregation_sources(self, cfg: ArchSizes) -> Any:
         """Sources of the output aggregation before the final norm (0 without one)."""
 
     @abstractmethod
-    def live_sources(self, cfg: _Derived) -> Any:
+    def live_sources(self, cfg: ArchSizes) -> Any:
         """d-vectors per token the forward pass keeps alive across depth (its working set)."""
 
     @abstractmethod
-    def cached_sources(self, cfg: _Derived) -> Any:
+    def cached_sources(self, cfg: ArchSizes) -> Any:
         """Depth representations a prefill holds for every token (Attention Residuals §4)."""
 
     @abstractmethod
-    def sources_per_stage(self, cfg: _Derived, stages: Any) -> Any:
+    def sources_per_stage(self, cfg: ArchSizes, stages: Any) -> Any:
         """N_p: depth representations produced per pipeline chunk when the L_b blocks are
         split evenly over `stages` chunks (a float when they do not divide)."""
 
     # -- costs ----------------------------------------------------------------------------
     @abstractmethod
-    def mixing_params(self, cfg: _Derived) -> Any:
+    def mixing_params(self, cfg: ArchSizes) -> Any:
         """Parameters of the wiring inside the stack (the output aggregation excluded)."""
 
     @abstractmethod
-    def aggregation_params(self, cfg: _Derived) -> Any:
+    def aggregation_params(self, cfg: ArchSizes) -> Any:
         """Parameters of the output aggregation (0 without one)."""
 
     @abstractmethod
-    def mixing_flops(self, cfg: _Derived) -> Any:
+    def mixing_flops(self, cfg: ArchSizes) -> Any:
         """Forward FLOPs per token of the wiring (a multiply-add is 2 FLOPs)."""
 
     @abstractmethod
-    def mixing_activation_bytes(self, cfg: _Derived, tokens: Any, e: int, recompute: str) -> Any:
+    def mixing_activation_bytes(self, cfg: ArchSizes, tokens: Any, e: int, recompute: str) -> Any:
         """Bytes the wiring saves for backward beyond a standard residual, for `tokens`
         token rows (micro-batch × sequence) with `e` bytes per activation element."""
 
     @abstractmethod
-    def sublayer_io(self, cfg: _Derived, schedule: str, schedule_block: Any) -> SublayerIO:
+    def sublayer_io(self, cfg: ArchSizes, schedule: str, schedule_block: Any) -> SublayerIO:
         """Residual-path I/O per token per sublayer under `schedule` ("two_phase" or
         "naive"); `schedule_block` overrides a two-phase schedule's block (None: default)."""
 
     @abstractmethod
-    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+    def boundary_sources(self, cfg: ArchSizes, blocks_before: Any) -> Any:
         """d-vectors per token that cross a pipeline boundary after `blocks_before`
         Transformer blocks, counted exactly: what any later sublayer still reads."""
 
     @abstractmethod
-    def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
+    def pipeline_payload(self, cfg: ArchSizes, chunks: Any) -> PipelinePayload:
         """What crosses a pipeline transition when the L_b blocks are split over `chunks`
         chunks: depth representations (read by later chunks) and/or a carried state."""
 
@@ -129,18 +149,18 @@ class WithoutDepthAttention(Residual):
     """The shared terms of a variant with no attention over depth (the standard residual,
     mHC-lite, DenseFormer): no depth blocks, no attended sources, no output aggregation."""
 
-    def n_blocks(self, cfg: _Derived) -> Any:
+    def n_blocks(self, cfg: ArchSizes) -> Any:
         """No depth attention: 0."""
         return 0 * cfg.n_layers
 
-    def attended_sources_total(self, cfg: _Derived) -> Any:
+    def attended_sources_total(self, cfg: ArchSizes) -> Any:
         """No depth attention: 0."""
         return 0 * cfg.n_sublayers
 
-    def aggregation_sources(self, cfg: _Derived) -> Any:
+    def aggregation_sources(self, cfg: ArchSizes) -> Any:
         """No output aggregation: 0."""
         return 0 * cfg.n_layers
 
-    def aggregation_params(self, cfg: _Derived) -> Any:
+    def aggregation_params(self, cfg: ArchSizes) -> Any:
         """No output aggregation: 0."""
         return 0 * cfg.d_model

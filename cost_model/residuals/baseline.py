@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
-from cost_model.residuals._base import PipelinePayload, SublayerIO, WithoutDepthAttention
-
-if TYPE_CHECKING:
-    from cost_model._config import Variant, _Derived
+from cost_model._variant import Variant
+from cost_model.residuals._base import ArchSizes, PipelinePayload, SublayerIO, WithoutDepthAttention
 
 
 class Baseline(WithoutDepthAttention):
@@ -16,39 +14,39 @@ class Baseline(WithoutDepthAttention):
     name: ClassVar[Variant] = "baseline"
     has_depth_mixing: ClassVar[bool] = False  # no parameters in the wiring
 
-    def live_sources(self, cfg: _Derived) -> Any:
+    def live_sources(self, cfg: ArchSizes) -> Any:
         """1: the residual stream."""
         return 1 + 0 * cfg.n_layers
 
-    def cached_sources(self, cfg: _Derived) -> Any:
+    def cached_sources(self, cfg: ArchSizes) -> Any:
         """1: the residual stream."""
         return 1 + 0 * cfg.n_layers
 
-    def sources_per_stage(self, cfg: _Derived, stages: Any) -> Any:
+    def sources_per_stage(self, cfg: ArchSizes, stages: Any) -> Any:
         """No depth representations: 0."""
         return 0 * cfg.n_layers
 
-    def mixing_params(self, cfg: _Derived) -> Any:
+    def mixing_params(self, cfg: ArchSizes) -> Any:
         """None."""
         return 0 * cfg.d_model
 
-    def mixing_flops(self, cfg: _Derived) -> Any:
+    def mixing_flops(self, cfg: ArchSizes) -> Any:
         """The residual add is element-wise, not counted: 0."""
         return 0 * cfg.d_model
 
-    def mixing_activation_bytes(self, cfg: _Derived, tokens: Any, e: int, recompute: str) -> Any:
+    def mixing_activation_bytes(self, cfg: ArchSizes, tokens: Any, e: int, recompute: str) -> Any:
         """Nothing beyond a standard residual: 0."""
         return 0 * cfg.d_model
 
-    def sublayer_io(self, cfg: _Derived, schedule: str, schedule_block: Any) -> SublayerIO:
+    def sublayer_io(self, cfg: ArchSizes, schedule: str, schedule_block: Any) -> SublayerIO:
         """Read h and f(h), write h: 3d (any schedule)."""
         zero = 0 * cfg.d_model
         return SublayerIO(3 + zero, zero)
 
-    def boundary_sources(self, cfg: _Derived, blocks_before: Any) -> Any:
+    def boundary_sources(self, cfg: ArchSizes, blocks_before: Any) -> Any:
         """The hidden state: 1."""
         return 1 + 0 * blocks_before
 
-    def pipeline_payload(self, cfg: _Derived, chunks: Any) -> PipelinePayload:
+    def pipeline_payload(self, cfg: ArchSizes, chunks: Any) -> PipelinePayload:
         """One hidden state per transition; caching changes nothing."""
         return PipelinePayload(0 * cfg.n_layers, 1 + 0 * cfg.n_layers)

@@ -24,8 +24,8 @@ from nas_service.api.schemas import (
     ScalingRead,
     SensitivityRead,
 )
-from nas_service.calibration import calibration as calibrate
-from nas_service.calibration import calibration_png
+from nas_service.queries import calibration as calibrate
+from nas_service.queries import calibration_png
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)

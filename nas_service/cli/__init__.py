@@ -1,5 +1,6 @@
-"""The `depthscope` command line: `main` and its parser, and the one HTTP transport of the
-client commands (`_request`).
+"""The `depthscope` command line: `main` and its parser. The one HTTP transport of the client
+commands (`transport._request`) and the errors (`CliError`, `CliUsageError`) live in
+`transport.py`, below the commands' modules; the errors are re-exported here.
 
 - `arch`: the architecture flags, one per `cost_model.ArchConfig` field, and `--arch FILE`;
 - `local`: `cost`, `train`, `db`, `runner`, `serve`;
@@ -18,35 +19,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from nas_service.cli.transport import CliError as CliError
+from nas_service.cli.transport import CliUsageError as CliUsageError
 from nas_service.client import DEFAULT_URL as DEFAULT_URL
-
-
-class CliError(Exception):
-    """A client command's failure, with the service's message; `code` is its exit status."""
-
-    code = 1
-
-
-class CliUsageError(CliError):
-    """A command line naming something unusable (a spec path that is missing or not a
-    regular file): exit status 2, as argparse gives a usage error."""
-
-    code = 2
-
-
-def _request(args: argparse.Namespace, method: str, path: str, **kwargs: Any) -> Any:
-    """One HTTP call to the service (`--url`, else DEPTHSCOPE_URL, else `DEFAULT_URL`; the
-    token from DEPTHSCOPE_API_TOKEN) through the Python client's transport,
-    `nas_service.client.Client.request` (a database outage retried with back-off). Errors
-    become `CliError` with the service's status and message. Every client command sends
-    through this function."""
-    from nas_service.client import Client, ClientError
-
-    try:
-        with Client(getattr(args, "url", None)) as client:
-            return client.request(method, path, **kwargs)
-    except ClientError as exc:
-        raise CliError(str(exc)) from None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -2,8 +2,8 @@
 `status`, `cancel`, `trials`, `pareto [--plot]`, `optimum [--plot]`, `compare [--plot]`,
 `sensitivity`, `export --out` (the job as a landscape), `calibration [--scope] [--plot]`
 (the roofline against the measured step times). Every call goes through the package's one
-transport, `nas_service.cli._request` (looked up when called), which sends through the Python
-client's (`nas_service.client.Client.request`); `submit --wait` follows the job with
+transport, `nas_service.cli.transport._request` (looked up when called), which sends through
+the Python client's (`nas_service.client.Client.request`); `submit --wait` follows the job with
 `Job.wait`."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from nas_service import cli
-from nas_service.cli import DEFAULT_URL, CliError, CliUsageError
+from nas_service.cli import transport
+from nas_service.cli.transport import CliError, CliUsageError
+from nas_service.client import DEFAULT_URL
 
 
 def _add_client_args(p: argparse.ArgumentParser) -> None:
@@ -111,7 +112,7 @@ def add_parsers(sub: Any) -> None:
 
 def _save_plot(args: argparse.Namespace, name: str, params: dict[str, Any]) -> None:
     """The job's plot `name` (`/v1/jobs/{job}/plots/{name}.png`) written to `--plot`."""
-    png = cli._request(args, "GET", f"/v1/jobs/{args.job}/plots/{name}.png", params=params)
+    png = transport._request(args, "GET", f"/v1/jobs/{args.job}/plots/{name}.png", params=params)
     with open(args.plot, "wb") as fh:
         fh.write(png)
     print(f"wrote {args.plot}")
@@ -135,7 +136,7 @@ def _load_spec(path: str) -> dict[str, Any]:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     data = _load_spec(args.spec)
-    job = cli._request(args, "POST", "/v1/jobs", json=data)
+    job = transport._request(args, "POST", "/v1/jobs", json=data)
     print(f"submitted job {job['id']} ({job['name']}, {job['n_trials']} trials)")
     if args.wait:
         job = _follow(args, job["id"])
@@ -159,7 +160,7 @@ def _follow(args: argparse.Namespace, job_id: str) -> dict[str, Any]:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     if args.job:
-        job = cli._request(args, "GET", f"/v1/jobs/{args.job}")
+        job = transport._request(args, "GET", f"/v1/jobs/{args.job}")
         p, c = job["progress"], job["compute"]
         eta = f"{job['eta_s']:.0f}s" if job["eta_s"] is not None else "-"
         print(f"{job['id']}  {job['name']}  {job['status']}")
@@ -184,7 +185,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
             f"({c['fraction']:.0%}), ETA {eta}"
         )
         return 0
-    jobs = cli._request(args, "GET", "/v1/jobs")
+    jobs = transport._request(args, "GET", "/v1/jobs")
     print(f"{'id':36}  {'status':10} {'trials':>9}  name")
     for job in jobs["items"]:
         trials = f"{job['progress']['counted']}/{job['n_trials']}"
@@ -193,7 +194,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_cancel(args: argparse.Namespace) -> int:
-    job = cli._request(args, "POST", f"/v1/jobs/{args.job}/cancel")
+    job = transport._request(args, "POST", f"/v1/jobs/{args.job}/cancel")
     print(f"job {job['id']}: {job['status']}")
     return 0
 
@@ -226,7 +227,7 @@ def _cmd_trials(args: argparse.Namespace) -> int:
         params["state"] = args.state
     if args.variant:
         params["variant"] = args.variant
-    page = cli._request(args, "GET", f"/v1/jobs/{args.job}/trials", params=params)
+    page = transport._request(args, "GET", f"/v1/jobs/{args.job}/trials", params=params)
     for t in page["items"]:
         line = _trial_line(t, ["val_loss", "params"])
         print(line + (f"  ({t['outcome']}: {t['reason']})" if t["reason"] else ""))
@@ -238,7 +239,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
     params = {"metrics": args.metrics}
     if args.variant:
         params["variant"] = args.variant
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/pareto", params=params)
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/pareto", params=params)
     print(
         f"Pareto front over {', '.join(out['metrics'])}: "
         f"{len(out['front'])} of {out['n_candidates']} trials"
@@ -258,7 +259,7 @@ def _cmd_pareto(args: argparse.Namespace) -> int:
 
 def _cmd_optimum(args: argparse.Namespace) -> int:
     params = {"profile": "false"} if args.raw else {}
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/optimum", params=params)
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/optimum", params=params)
     view = "every trial" if args.raw else "each shape at its best training setting"
     print(
         "loss-optimal d_model/L_b per variant (quadratic fit in ln(d_model/L_b), 90% interval "
@@ -298,7 +299,7 @@ def _interval(mean: float | None, low: float | None, high: float | None) -> str:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"reference": args.reference, "level": args.level}
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/compare", params=params)
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/compare", params=params)
     print(
         f"paired comparison against {out['reference']} (loss difference, variant − reference; "
         f"negative is better; {out['level']:.0%} interval: {out['method']}):"
@@ -320,7 +321,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_sensitivity(args: argparse.Namespace) -> int:
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/sensitivity")
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/sensitivity")
     for v in out["variants"]:
         print(f"{v['variant']}:")
         for axis in v["axes"]:
@@ -345,7 +346,7 @@ def _cmd_sensitivity(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     import json
 
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/landscape")
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/landscape")
     with open(args.out, "w") as fh:
         json.dump(out, fh, separators=(",", ":"))
     runs = sum(len(t["train"]) for t in out["trials"])
@@ -362,7 +363,7 @@ def _pct(value: float | None) -> str:
 
 def _cmd_calibration(args: argparse.Namespace) -> int:
     params = {"scope": args.scope}
-    out = cli._request(args, "GET", f"/v1/jobs/{args.job}/calibration", params=params)
+    out = transport._request(args, "GET", f"/v1/jobs/{args.job}/calibration", params=params)
     print(
         f"calibration of the roofline ({out['scope']}, cluster {out['cluster']}): {out['message']}"
     )

@@ -139,7 +139,7 @@ def test_the_cli_prints_the_fit_and_writes_the_plot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """`depthscope calibration JOB --plot`: the real app answers, in process (the transport,
-    `cli._request`, goes through the test client instead of a socket)."""
+    `cli.transport._request`, goes through the test client instead of a socket)."""
     from nas_service import cli
 
     def through_the_app(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:
@@ -149,7 +149,7 @@ def test_the_cli_prints_the_fit_and_writes_the_plot(
             return response.content
         return response.json()
 
-    monkeypatch.setattr(cli, "_request", through_the_app)
+    monkeypatch.setattr(cli.transport, "_request", through_the_app)
     plot = tmp_path / "calibration.png"
     assert cli.main(["calibration", trained[1], "--plot", str(plot)]) == 0
     text = capsys.readouterr().out

@@ -173,7 +173,7 @@ def test_submit_validates_the_job_file_before_sending(
         sent.append(kwargs["json"])
         return {"id": "1", "name": kwargs["json"]["name"], "n_trials": 1}
 
-    monkeypatch.setattr(cli, "_request", record)
+    monkeypatch.setattr(cli.transport, "_request", record)
     bad = tmp_path / "bad.yaml"
     quick = (ROOT / "examples" / "quick.yaml").read_text()
     bad.write_text(re.sub(r"(?m)^n_trials: .*$", "n_trials: 0", quick) + "colour: blue\n")

@@ -227,7 +227,7 @@ def test_depthscope_submit_reads_specs_the_same_way(
     def no_request(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a refused spec must not be sent")
 
-    monkeypatch.setattr(cli, "_request", no_request)
+    monkeypatch.setattr(cli.transport, "_request", no_request)
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text(BOMB)
     args = argparse.Namespace(spec=str(bomb), wait=False)
@@ -245,7 +245,7 @@ def test_depthscope_submit_reads_specs_the_same_way(
         sent.append(k["json"])
         return {"id": "1", "name": "q", "n_trials": 1}
 
-    monkeypatch.setattr(cli, "_request", fake_request)
+    monkeypatch.setattr(cli.transport, "_request", fake_request)
     assert (
         cli._cmd_submit(argparse.Namespace(spec=str(ROOT / "examples" / "quick.yaml"), wait=False))
         == 0
