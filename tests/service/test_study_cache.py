@@ -274,3 +274,54 @@ def test_many_trials_attributes_are_refused_together_for_a_finished_one(tmp_path
         storage.set_many_user_attrs([(t._trial_id, {"k": 1}) for t in running])
     assert all("k" not in t.user_attrs for t in _fresh(url, "s"))
     assert _summary(study.get_trials(deepcopy=False)) == _summary(_fresh(url, "s"))
+
+
+def test_a_refused_batch_writes_nothing_and_the_next_write_succeeds(db_url: str) -> None:
+    """A batch refused for a trial another writer finished writes none of the batch (not
+    the other trials' suggested parameters either: Optuna's check of a finished trial once
+    committed them through its thread-local session), and each other trial's own write
+    afterwards records its parameters and attributes."""
+    storage = OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    running = [study.ask() for _ in range(3)]
+    for t in running:
+        t.suggest_float("x", 0, 1)
+    other = optuna_storage(db_url)  # another writer finishes one; the cache does not know
+    other.set_trial_state_values(running[1]._trial_id, TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_many_user_attrs([(t._trial_id, {"k": 1, "j": 2}) for t in running])
+    fresh = _fresh(db_url, "s")
+    assert all(t.params == {} and t.user_attrs == {} for t in fresh)
+    for t in (running[0], running[2]):
+        storage.set_trial_user_attrs(t._trial_id, {"k": 1, "j": 2})
+    fresh = _fresh(db_url, "s")
+    for stored in (fresh[0], fresh[2]):
+        assert stored.user_attrs == {"k": 1, "j": 2} and set(stored.params) == {"x"}
+    assert fresh[1].params == {} and fresh[1].state == TrialState.FAIL
+    assert _summary(study.get_trials(deepcopy=False)) == _summary(fresh)
+
+
+def test_a_parameter_set_on_a_finished_trial_is_refused_not_deadlocked(tmp_path: Path) -> None:
+    """`set_trial_param` on a trial the cache knows finished raises at once (Optuna's
+    check re-read the trial through this storage's own lock, which it held: a deadlock)."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    study.tell(trial, 1.0)
+    study.get_trials()  # the finished state cached
+    raised: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            storage.set_trial_param(trial._trial_id, "x", 0.5, FloatDistribution(0, 1))
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "set_trial_param deadlocked"
+    assert len(raised) == 1 and isinstance(raised[0], optuna.exceptions.UpdateFinishedTrialError)
