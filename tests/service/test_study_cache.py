@@ -325,3 +325,43 @@ def test_a_parameter_set_on_a_finished_trial_is_refused_not_deadlocked(tmp_path:
     worker.join(10)
     assert not worker.is_alive(), "set_trial_param deadlocked"
     assert len(raised) == 1 and isinstance(raised[0], optuna.exceptions.UpdateFinishedTrialError)
+
+
+class _CountingSampler(optuna.samplers.RandomSampler):
+    """Counts the `after_trial` calls per trial number."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.told: dict[int, int] = {}
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        state: TrialState,
+        values: object,
+    ) -> None:
+        self.told[trial.number] = self.told.get(trial.number, 0) + 1
+
+
+def test_recoverys_fallback_tells_the_sampler_once(tmp_path: Path) -> None:
+    """Should a lost trial be concluded meanwhile (by another writer), the bulk requeue is
+    refused and recovery concludes the others one at a time: the sampler hears of each lost
+    trial once (it was told twice: before the refused transaction, then by `tell`), and the
+    others are still failed, marked lost and retried."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = _lost_study(url, "s", storage)
+    sampler = _CountingSampler()
+    study.sampler = sampler
+    left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    optuna_storage(url).set_trial_state_values(left[0]._trial_id, TrialState.FAIL)
+    _requeue(study, [(t, 0) for t in left], retried={1})
+    assert sampler.told == {t.number: 1 for t in left}
+    fresh = {t.number: t for t in _fresh(url, "s")}
+    for t in left[1:]:
+        assert fresh[t.number].state == TrialState.FAIL
+        assert fresh[t.number].user_attrs[ATTR_LOST] is True
+    retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in fresh.values()]
+    assert {left[2].number} <= set(retries)
+    assert _summary(study.get_trials(deepcopy=False)) == _summary(list(fresh.values()))
