@@ -630,3 +630,13 @@ def after_trial(
     """The sampler's `after_trial` hook, as `Study.tell` calls it (on the study as the
     sampler sees it), for a trial concluded otherwise (`recovery`'s bulk requeue)."""
     study.sampler.after_trial(_filter_study(study, trial), trial, state, values)
+
+
+def rdb_storage(storage: optuna.storages.BaseStorage) -> RDBStorage:
+    """The database storage under `storage`: itself, or the one under Optuna's cache (the
+    runner's `OwnedTrials` among them), for a reader that reads the tables in bulk."""
+    if isinstance(storage, RDBStorage):
+        return storage
+    if isinstance(storage, _CachedStorage):
+        return storage._backend
+    raise TypeError(f"not a database storage: {type(storage).__name__}")

@@ -365,3 +365,18 @@ def test_recoverys_fallback_tells_the_sampler_once(tmp_path: Path) -> None:
     retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in fresh.values()]
     assert {left[2].number} <= set(retries)
     assert _summary(study.get_trials(deepcopy=False)) == _summary(list(fresh.values()))
+
+
+def test_the_database_storage_under_a_cache_is_found(tmp_path: Path) -> None:
+    """`rdb_storage`: the one accessor of the storage under Optuna's cache (calibration's
+    bulk reads), for the runner's storage and Optuna's own cached one alike."""
+    from optuna.storages import InMemoryStorage, get_storage
+
+    from nas_service.study_cache import rdb_storage
+
+    rdb = optuna_storage(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert rdb_storage(rdb) is rdb
+    assert rdb_storage(OwnedTrials(rdb)) is rdb
+    assert rdb_storage(get_storage(rdb)) is rdb
+    with pytest.raises(TypeError, match="not a database storage: InMemoryStorage"):
+        rdb_storage(InMemoryStorage())
