@@ -62,6 +62,7 @@ from nas_service.reads import (
     StepModelRead,
 )
 from nas_service.results import ResultsCache, TrialRow, job_results
+from nas_service.study_cache import rdb_storage
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.
 CLUSTER_JOBS = 200
@@ -335,8 +336,7 @@ def cluster_fit(
     """The fit of the measured trials of `cluster`'s recent jobs (`CLUSTER_JOBS`) whose
     device kind maps to the preset `hardware`: what a job that names `calibrated_step_time_s`
     takes when it is submitted (`jobs.submit_job`)."""
-    rdb = storage if isinstance(storage, optuna.storages.RDBStorage) else storage._backend  # type: ignore[attr-defined]
-    cache = ResultsCache(rdb)
+    cache = ResultsCache(rdb_storage(storage))
     points: list[Point] = []
     for job in _cluster_jobs(session, cluster):
         found, _ = trial_points(job.id, job.spec, job_results(cache, job).rows)

@@ -50,8 +50,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
-from optuna.pruners import _filter_study
-from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
@@ -70,7 +68,8 @@ from nas_service.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
 from nas_service.outcomes import conclude
 from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
 from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
-from nas_service.study_cache import OwnedTrials
+from nas_service.study_cache import OwnedTrials, after_trial, set_user_attrs
+from nas_service.trial_tables import studies_with_trials_in
 
 log = logging.getLogger(__name__)
 
@@ -91,15 +90,9 @@ def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
     """This cluster's running jobs, and its finished jobs that still have a run open or a
     trial left RUNNING (a runner records a trial's run row at the end of the pass that asked
     it: one killed in between leaves a running trial with no row)."""
-    studies_t = models.StudyModel.__table__
-    trials_t = models.TrialModel.__table__
     with sessions() as s:
         open_runs = select(TrialRun.job_id).where(TrialRun.state == RunState.RUNNING)
-        left_running = (
-            select(studies_t.c.study_name)
-            .join(trials_t, trials_t.c.study_id == studies_t.c.study_id)
-            .where(trials_t.c.state == TrialState.RUNNING)
-        )
+        left_running = studies_with_trials_in((TrialState.RUNNING,))
         jobs = s.scalars(
             select(Job).where(
                 or_(
@@ -319,7 +312,8 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
     in between neither loses it nor enqueues it twice. On the runner's storage all of them
     in one transaction (`OwnedTrials.requeue_lost`: the same rows, a few statements in all),
     the sampler told of each failure first, as `tell` tells it; elsewhere (or should a
-    trial have been concluded meanwhile) a trial at a time."""
+    trial have been concluded meanwhile) a trial at a time — on the runner's storage
+    without telling the sampler again (`_fail_lost`)."""
     attrs = {ATTR_LOST: True, ATTR_OUTCOME: str(TrialOutcome.LOST), ATTR_REASON: LOST_REASON}
     retries = [
         (dict(t.params), {ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect})
@@ -327,11 +321,13 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
         if t.number not in retried
     ]
     storage = study._storage
-    if lost and isinstance(storage, OwnedTrials):
-        failure: Exception | None = None
+    told = lost and isinstance(storage, OwnedTrials)
+    failure: Exception | None = None
+    if told:
+        assert isinstance(storage, OwnedTrials)
         for t, _ in lost:
             try:
-                study.sampler.after_trial(_filter_study(study, t), t, TrialState.FAIL, None)
+                after_trial(study, t, TrialState.FAIL)
             except Exception as exc:  # as in `tell`: the state is written all the same
                 failure = failure or exc
         try:
@@ -347,14 +343,30 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
             study.enqueue_trial(
                 dict(t.params), user_attrs={ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect}
             )
-        conclude(
-            study,
-            t,
-            TrialOutcome.LOST,
-            LOST_REASON,
-            TrialState.FAIL,
-            attrs={ATTR_LOST: True},
-        )
+        if told:  # the sampler was told already
+            _fail_lost(study, t, attrs)
+        else:
+            conclude(
+                study,
+                t,
+                TrialOutcome.LOST,
+                LOST_REASON,
+                TrialState.FAIL,
+                attrs={ATTR_LOST: True},
+            )
+    if failure is not None:
+        raise failure
+
+
+def _fail_lost(study: optuna.Study, t: FrozenTrial, attrs: dict[str, Any]) -> None:
+    """A lost trial concluded as `conclude` concludes it (its attributes, then FAIL), without
+    the sampler's hook, which `_requeue` called already; one concluded meanwhile is left as
+    it is."""
+    try:
+        set_user_attrs(study, t, attrs)
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+    except optuna.exceptions.UpdateFinishedTrialError as exc:
+        log.info("trial %d was concluded already: %s", t.number, exc)
 
 
 def _resume(

@@ -65,6 +65,7 @@ from nas_service.db import (
 from nas_service.failures import describe, is_database_outage
 from nas_service.jobs import active_jobs, optuna_storage
 from nas_service.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
+from nas_service.optuna_compat import check_optuna
 from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
 from nas_service.recovery import Stops, jobs_to_recover, record_event, recover_job
 from nas_service.rungs import (
@@ -618,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.database_url:
         overrides["database_url"] = args.database_url
     settings = get_settings(**overrides)
+    check_optuna(settings.database_url)  # refuses an untested Optuna or schema
     upgrade(settings.database_url)
     runner = Runner(settings, args.cluster, watch_parent=args.watch_parent)
     code = 0

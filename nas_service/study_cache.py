@@ -41,6 +41,7 @@ from typing import Any
 import optuna
 from optuna import distributions
 from optuna.distributions import BaseDistribution
+from optuna.pruners import _filter_study
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.storages._rdb import models
@@ -177,7 +178,7 @@ class OwnedTrials(_CachedStorage):
             if deferred:
                 assert place is not None
                 study = self._studies[place[0]]
-                self.check_trial_is_updatable(trial_id, study.trials[place[1]].state)
+                _check_updatable(study.trials[place[1]].number, study.trials[place[1]].state)
                 previous = study.param_distribution.get(param_name)
                 if previous is not None:
                     distributions.check_distribution_compatibility(previous, distribution)
@@ -201,9 +202,19 @@ class OwnedTrials(_CachedStorage):
         )
 
     def _write_params(self, session: Any, trial_id: int) -> bool:
-        """The trial's pending parameters into `session` (True if there were any)."""
+        """The trial's pending parameters into `session` (True if there were any), the
+        trial checked unfinished first (`_check_unfinished`)."""
         with self._lock:
             pending = list(self._pending.get(trial_id, ()))
+        if pending:
+            try:
+                _check_unfinished(session, [trial_id])
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # another writer finished it: they can never be written; it is re-read
+                with self._lock:
+                    self._pending.pop(trial_id, None)
+                    self._written.add(trial_id)
+                raise
         rows = []
         for name, internal, dist, previous in pending:
             if previous is None:  # the database's check against the study's other trials
@@ -232,13 +243,17 @@ class OwnedTrials(_CachedStorage):
                 self._pending.pop(trial_id, None)
 
     def _flush(self, trial_id: int) -> None:
-        """The trial's pending parameters, in a transaction of their own."""
+        """The trial's pending parameters, in a transaction of their own. Those of a trial
+        another writer finished are dropped (`_write_params`); the next write to it raises."""
         with self._lock:
             count = len(self._pending.get(trial_id, ()))
         if not count:
             return
-        with _create_scoped_session(self._backend.scoped_session, True) as session:
-            self._write_params(session, trial_id)
+        try:
+            with _create_scoped_session(self._backend.scoped_session, True) as session:
+                self._write_params(session, trial_id)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            return
         self._written_params(trial_id, count)
 
     def _flush_all(self) -> None:
@@ -302,7 +317,7 @@ class OwnedTrials(_CachedStorage):
             params = len(self._pending.get(trial_id, ()))
 
         def write() -> None:
-            with _create_scoped_session(backend.scoped_session, True) as session:
+            with _create_scoped_session(backend.scoped_session) as session:
                 self._write_params(session, trial_id)  # the suggested parameters first
                 if not _can_upsert(dialect) or len(rows) < 2:
                     for key, value in attrs.items():
@@ -310,8 +325,7 @@ class OwnedTrials(_CachedStorage):
                             session, models.TrialUserAttributeModel, trial_id, key, value
                         )
                     return
-                trial = models.TrialModel.find_or_raise_by_id(trial_id, session)
-                backend.check_trial_is_updatable(trial_id, trial.state)
+                _check_unfinished(session, [trial_id])
                 session.execute(_attrs_upsert(dialect, rows))
 
         self._write(trial_id, write, _user_attrs=dict(attrs))
@@ -336,24 +350,11 @@ class OwnedTrials(_CachedStorage):
         ]
         with self._lock:
             counts = {trial_id: len(self._pending.get(trial_id, ())) for trial_id in ids}
-        trials_t = models.TrialModel.__table__
         try:
-            with _create_scoped_session(backend.scoped_session, True) as session:
+            with _create_scoped_session(backend.scoped_session) as session:
+                _check_unfinished(session, ids)  # before anything is written
                 for trial_id in ids:
                     self._write_params(session, trial_id)
-                states: dict[int, Any] = dict(
-                    session.execute(
-                        select(trials_t.c.trial_id, trials_t.c.state).where(
-                            trials_t.c.trial_id.in_(ids)
-                        )
-                    ).all()
-                )
-                for trial_id in ids:
-                    if trial_id not in states:
-                        raise KeyError(f"No trial with trial_id {trial_id} exists.")
-                    state = states[trial_id]
-                    state = state if isinstance(state, TrialState) else TrialState[state]
-                    backend.check_trial_is_updatable(trial_id, state)
                 session.execute(_attrs_upsert(backend.engine.name, rows))
         except BaseException:
             with self._lock:
@@ -536,6 +537,38 @@ class OwnedTrials(_CachedStorage):
                 study.unfinished_trial_ids.discard(trial._trial_id)
 
 
+def _check_updatable(number: int, state: TrialState) -> None:
+    """`UpdateFinishedTrialError` for a finished trial, as Optuna's
+    `check_trial_is_updatable` raises it, without its read of the trial: that read goes
+    through `get_trial` (this storage's lock, held by the caller: a deadlock) and, on the
+    database's side, through Optuna's thread-local session (which commits what the caller's
+    transaction wrote so far, then closes it)."""
+    if state.is_finished():
+        raise optuna.exceptions.UpdateFinishedTrialError(
+            f"Trial#{number} has already finished and can not be updated."
+        )
+
+
+def _check_unfinished(session: Any, trial_ids: Sequence[int]) -> None:
+    """Each trial exists (KeyError) and is unfinished (`_check_updatable`), read in
+    `session` in one statement, before the caller writes anything in it."""
+    trials_t = models.TrialModel.__table__
+    found = {
+        row.trial_id: row
+        for row in session.execute(
+            select(trials_t.c.trial_id, trials_t.c.number, trials_t.c.state).where(
+                trials_t.c.trial_id.in_(list(trial_ids))
+            )
+        )
+    }
+    for trial_id in trial_ids:
+        if trial_id not in found:
+            raise KeyError(f"No trial with trial_id {trial_id} exists.")
+        state = found[trial_id].state
+        state = state if isinstance(state, TrialState) else TrialState[state]
+        _check_updatable(found[trial_id].number, state)
+
+
 def _can_upsert(dialect: str) -> bool:
     """Whether the dialect has INSERT … ON CONFLICT (PostgreSQL; SQLite from 3.24)."""
     return dialect == "postgresql" or (
@@ -586,3 +619,24 @@ def tell(
     read of the study makes for every trial told since, in one query); the runner never
     uses that copy. The same checks, sampler hook and write as `tell`."""
     _tell_with_warning(study, trial, values, state)
+
+
+def after_trial(
+    study: optuna.Study,
+    trial: FrozenTrial,
+    state: TrialState,
+    values: Sequence[float] | None = None,
+) -> None:
+    """The sampler's `after_trial` hook, as `Study.tell` calls it (on the study as the
+    sampler sees it), for a trial concluded otherwise (`recovery`'s bulk requeue)."""
+    study.sampler.after_trial(_filter_study(study, trial), trial, state, values)
+
+
+def rdb_storage(storage: optuna.storages.BaseStorage) -> RDBStorage:
+    """The database storage under `storage`: itself, or the one under Optuna's cache (the
+    runner's `OwnedTrials` among them), for a reader that reads the tables in bulk."""
+    if isinstance(storage, RDBStorage):
+        return storage
+    if isinstance(storage, _CachedStorage):
+        return storage._backend
+    raise TypeError(f"not a database storage: {type(storage).__name__}")

@@ -32,7 +32,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution, distribution_to_json, json_to_distribution
 from optuna.storages._rdb import models
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import Connection, Engine, func, insert, or_, select
+from sqlalchemy import Connection, Engine, Select, func, insert, or_, select
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +213,19 @@ def _decoded(rows: list[Any]) -> dict[int, dict[str, Any]]:
 def _distribution(text: str) -> BaseDistribution:
     """A parameter's distribution from its JSON (a study's trials share a few)."""
     return json_to_distribution(text)
+
+
+def studies_with_trials_in(states: Collection[TrialState]) -> Select[tuple[str]]:
+    """A query of the names of the studies with a trial in one of `states` (a subquery for
+    the service's own queries: recovery looks for the studies a runner left trials RUNNING
+    in)."""
+    studies_t = models.StudyModel.__table__
+    trials_t = models.TrialModel.__table__
+    return (
+        select(studies_t.c.study_name)
+        .join(trials_t, trials_t.c.study_id == studies_t.c.study_id)
+        .where(trials_t.c.state.in_(list(states)))
+    )
 
 
 def insert_trials(

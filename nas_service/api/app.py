@@ -27,6 +27,7 @@ from nas_service.api import analysis, cost, dashboard_api, docs, errors, health,
 from nas_service.api.routing import BodyLimit, RequestTimer
 from nas_service.db import make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import optuna_storage
+from nas_service.optuna_compat import check_optuna
 from nas_service.results import ResultsCache
 from nas_service.settings import Settings, get_settings
 
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        check_optuna(settings.database_url)  # refuses an untested Optuna or schema
         upgrade(settings.database_url)
         engine = make_engine(
             settings.database_url,

@@ -274,3 +274,109 @@ def test_many_trials_attributes_are_refused_together_for_a_finished_one(tmp_path
         storage.set_many_user_attrs([(t._trial_id, {"k": 1}) for t in running])
     assert all("k" not in t.user_attrs for t in _fresh(url, "s"))
     assert _summary(study.get_trials(deepcopy=False)) == _summary(_fresh(url, "s"))
+
+
+def test_a_refused_batch_writes_nothing_and_the_next_write_succeeds(db_url: str) -> None:
+    """A batch refused for a trial another writer finished writes none of the batch (not
+    the other trials' suggested parameters either: Optuna's check of a finished trial once
+    committed them through its thread-local session), and each other trial's own write
+    afterwards records its parameters and attributes."""
+    storage = OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    running = [study.ask() for _ in range(3)]
+    for t in running:
+        t.suggest_float("x", 0, 1)
+    other = optuna_storage(db_url)  # another writer finishes one; the cache does not know
+    other.set_trial_state_values(running[1]._trial_id, TrialState.FAIL)
+    with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
+        storage.set_many_user_attrs([(t._trial_id, {"k": 1, "j": 2}) for t in running])
+    fresh = _fresh(db_url, "s")
+    assert all(t.params == {} and t.user_attrs == {} for t in fresh)
+    for t in (running[0], running[2]):
+        storage.set_trial_user_attrs(t._trial_id, {"k": 1, "j": 2})
+    fresh = _fresh(db_url, "s")
+    for stored in (fresh[0], fresh[2]):
+        assert stored.user_attrs == {"k": 1, "j": 2} and set(stored.params) == {"x"}
+    assert fresh[1].params == {} and fresh[1].state == TrialState.FAIL
+    assert _summary(study.get_trials(deepcopy=False)) == _summary(fresh)
+
+
+def test_a_parameter_set_on_a_finished_trial_is_refused_not_deadlocked(tmp_path: Path) -> None:
+    """`set_trial_param` on a trial the cache knows finished raises at once (Optuna's
+    check re-read the trial through this storage's own lock, which it held: a deadlock)."""
+    import threading
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial = study.ask()
+    study.tell(trial, 1.0)
+    study.get_trials()  # the finished state cached
+    raised: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            storage.set_trial_param(trial._trial_id, "x", 0.5, FloatDistribution(0, 1))
+        except BaseException as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "set_trial_param deadlocked"
+    assert len(raised) == 1 and isinstance(raised[0], optuna.exceptions.UpdateFinishedTrialError)
+
+
+class _CountingSampler(optuna.samplers.RandomSampler):
+    """Counts the `after_trial` calls per trial number."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.told: dict[int, int] = {}
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        state: TrialState,
+        values: object,
+    ) -> None:
+        self.told[trial.number] = self.told.get(trial.number, 0) + 1
+
+
+def test_recoverys_fallback_tells_the_sampler_once(tmp_path: Path) -> None:
+    """Should a lost trial be concluded meanwhile (by another writer), the bulk requeue is
+    refused and recovery concludes the others one at a time: the sampler hears of each lost
+    trial once (it was told twice: before the refused transaction, then by `tell`), and the
+    others are still failed, marked lost and retried."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    study = _lost_study(url, "s", storage)
+    sampler = _CountingSampler()
+    study.sampler = sampler
+    left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    optuna_storage(url).set_trial_state_values(left[0]._trial_id, TrialState.FAIL)
+    _requeue(study, [(t, 0) for t in left], retried={1})
+    assert sampler.told == {t.number: 1 for t in left}
+    fresh = {t.number: t for t in _fresh(url, "s")}
+    for t in left[1:]:
+        assert fresh[t.number].state == TrialState.FAIL
+        assert fresh[t.number].user_attrs[ATTR_LOST] is True
+    retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in fresh.values()]
+    assert {left[2].number} <= set(retries)
+    assert _summary(study.get_trials(deepcopy=False)) == _summary(list(fresh.values()))
+
+
+def test_the_database_storage_under_a_cache_is_found(tmp_path: Path) -> None:
+    """`rdb_storage`: the one accessor of the storage under Optuna's cache (calibration's
+    bulk reads), for the runner's storage and Optuna's own cached one alike."""
+    from optuna.storages import InMemoryStorage, get_storage
+
+    from nas_service.study_cache import rdb_storage
+
+    rdb = optuna_storage(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    assert rdb_storage(rdb) is rdb
+    assert rdb_storage(OwnedTrials(rdb)) is rdb
+    assert rdb_storage(get_storage(rdb)) is rdb
+    with pytest.raises(TypeError, match="not a database storage: InMemoryStorage"):
+        rdb_storage(InMemoryStorage())
