@@ -247,6 +247,8 @@ class EvalPoint:
     val_loss: float
     train_loss: float
     elapsed_s: float
+    #: val_loss in bits per UTF-8 byte of the validation text (NaN for a token file)
+    val_bpb: float = math.nan
 
 
 #: How a run's `peak_memory_bytes` is measured: on CUDA the allocator's peak
@@ -293,6 +295,10 @@ class TrainResult:
     #: bytes of the parameters, their gradients and the optimizer's state (AdamW's moments)
     state_bytes: int = 0
     peak_rss_bytes: int = 0  # the process's peak resident set (the allocator's cache included)
+    #: final_val_loss and best_val_loss in bits per UTF-8 byte of the validation text:
+    #: loss · (target tokens / their bytes) / ln 2 (NaN for a token file, which has no text)
+    final_val_bpb: float = math.nan
+    best_val_bpb: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -39,13 +39,16 @@ from cost_model.residuals import BLOCK_SIZED, DEPTH_MIXED
 from workers.contract import Schedule
 
 LOSS = "val_loss"
+#: the validation loss in bits per UTF-8 byte of the validation text: comparable across
+#: tokenizers (text corpora only)
+BPB = "val_bpb"
 #: The cost metrics a constraint may cap: the report's, and with `cost.layout: auto` the
 #: best layout's (`cost_model.LAYOUT_METRICS`).
 #: The calibrated step time (`cost.calibration`): the roofline's terms with the efficiency
 #: factors fitted on measured trials (`nas_service.calibration`).
 CALIBRATED = "calibrated_step_time_s"
 COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS, CALIBRATED)
-OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *COST_METRICS)
+OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, BPB, *COST_METRICS)
 
 #: Ceilings of the fields that size something and have no operator limit in `Settings`.
 MAX_SEED = 2**32 - 1  # Optuna's and numpy's seeds are 32-bit
@@ -909,7 +912,7 @@ class JobSpec(_Strict):
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, value: list[str]) -> list[str]:
-        expected = f"val_loss or one of {', '.join(COST_METRICS)}"
+        expected = f"val_loss, val_bpb or one of {', '.join(COST_METRICS)}"
         return _check_names(value, OBJECTIVE_METRICS, "metric", expected)
 
     @model_validator(mode="after")
