@@ -499,6 +499,8 @@ def price_candidate(
     # the fields of the same names, but the training axes (lists or ranges in the spec) as
     # the trial's setting
     training = spec.training.model_dump(exclude=set(Training.ARCH_FIELDS) | set(TRAINING_AXES))
+    tokens = training.pop("tokenizer")  # {kind, vocab_size}: TrainSpec's two fields
+    training |= {"tokenizer": tokens["kind"], "tokenizer_vocab": tokens.get("vocab_size")}
     training |= training_setting(spec, params)
     budget = spec.budget.train_fields(trial_budget(spec, params))
     corpus = spec.training.corpus if corpus is _SPEC_CORPUS else corpus

@@ -41,6 +41,7 @@ from workers.data_records import (
     is_record_file,
     record_documents,
 )
+from workers.tokenizer import TOKENIZERS, bpe_for, check_vocab
 
 __all__ = ["BUILTIN", "Corpus", "CorpusError", "CorpusInfo", "Document", "load_corpus"]
 
@@ -73,6 +74,10 @@ class CorpusInfo:
     n_val_tokens: int
     vocab_size: int
     source: str
+    #: "byte" (one token per UTF-8 byte) or "bpe" (`workers.tokenizer`), and the BPE's
+    #: sha256 (of its JSON; "" for bytes): part of the identity every run records
+    tokenizer: str = "byte"
+    tokenizer_sha256: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
@@ -639,6 +644,8 @@ def load_corpus(
     vocab_size: int | None = None,
     root: str | None = None,
     text_field: str = DEFAULT_TEXT_FIELD,
+    tokenizer: str = "byte",
+    tokenizer_vocab: int | None = None,
 ) -> Corpus:
     """Load a corpus and split it into train and validation.
 
@@ -647,16 +654,79 @@ def load_corpus(
     its documents), a folder (its files are the documents), or a token file (`.bin`/`.u16`
     uint16, `.u32` uint32, or any file with `token_dtype`), a record file (`.jsonl`,
     `.parquet`: each record's `text_field` a document; `workers.data_records`), or a dataset
-    saved by `datasets.save_to_disk` (a folder with its `state.json`). `max_bytes` caps what is read
-    (default: ≈ 8 MiB for the built-in corpus, everything otherwise). `vocab_size` defaults
-    to 256 for text and max token + 1 for token files; a smaller one is an error.
+    saved by `datasets.save_to_disk` (a folder with its `state.json`). `max_bytes` caps
+    what is read (default: ≈ 8 MiB for the built-in corpus, everything otherwise).
+    `vocab_size` defaults to 256 for text and max token + 1 for token files; a smaller one
+    is an error.
 
     With `root` (the service's data folder), `source` is a path relative to it, opened once
     beneath it with no symbolic link followed at any component (a link, `..`, an absolute
     path, a FIFO or a device is refused); the descriptor opened is the one checked and read,
     so swapping a name for a link between a check and the read changes nothing. Messages and
     `CorpusInfo.source` name the path relative to `root`.
+
+    `tokenizer`: "byte" (the default) or "bpe": a byte-level BPE of `tokenizer_vocab` ids
+    trained on the train split's text only (`workers.tokenizer`, cached by the byte-level
+    corpus's checksum and the vocabulary); the model's vocabulary is then `tokenizer_vocab`.
     """
+    if tokenizer not in TOKENIZERS:
+        raise CorpusError("tokenizer", f"unknown kind {tokenizer!r}; expected byte or bpe")
+    if tokenizer == "byte":
+        return _load_bytes(
+            source, val_fraction, max_bytes, token_dtype, vocab_size, root, text_field
+        )
+    if tokenizer_vocab is None:
+        raise CorpusError("tokenizer.vocab_size", "kind bpe needs a vocabulary size")
+    check_vocab(tokenizer_vocab)
+    byte = _load_bytes(source, val_fraction, max_bytes, token_dtype, None, root, text_field)
+    if byte.token_bytes is None:
+        raise CorpusError(
+            "tokenizer", f"{byte.info.source} holds tokens already; only text takes a BPE"
+        )
+    return _bpe_corpus(byte, tokenizer_vocab)
+
+
+def _bpe_corpus(byte: Corpus, vocab: int) -> Corpus:
+    """The text of the byte-level `byte` retokenised by the BPE trained on its train split."""
+    train_texts, val_texts = _texts(byte.train), _texts(byte.val)
+    tok = bpe_for(byte.info.checksum, vocab, train_texts)  # never sees val_texts
+    corpus = _make_corpus(
+        tok.encode(train_texts),
+        tok.encode(val_texts),
+        name=byte.info.name,
+        source=byte.info.source,
+        vocab_size=vocab,
+    )
+    lengths = np.zeros(vocab, dtype=np.int64)
+    lengths[: tok.vocab_size] = tok.token_bytes
+    lengths.setflags(write=False)
+    info = dataclasses.replace(corpus.info, tokenizer="bpe", tokenizer_sha256=tok.sha256)
+    return Corpus(corpus.train, corpus.val, info, lengths)
+
+
+def _texts(tokens: np.ndarray) -> list[str]:
+    """The text of byte tokens, in pieces of about `CHUNK_BYTES` ending after a newline
+    (a byte sequence cut inside a character, at a single file's split, becomes U+FFFD)."""
+    data = tokens.astype(np.uint8).tobytes()
+    out, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", start + CHUNK_BYTES)
+        end = len(data) if end < 0 else end + 1
+        out.append(data[start:end].decode("utf-8", errors="replace"))
+        start = end
+    return out
+
+
+def _load_bytes(
+    source: str | os.PathLike[str] | None,
+    val_fraction: float,
+    max_bytes: int | None,
+    token_dtype: str | None,
+    vocab_size: int | None,
+    root: str | None,
+    text_field: str,
+) -> Corpus:
+    """`load_corpus` with byte tokens."""
     if not 0 < val_fraction <= 0.5:  # also rejects NaN
         raise CorpusError("val_fraction", f"must be in (0, 0.5], got {val_fraction}")
     if token_dtype is not None and token_dtype not in TOKEN_DTYPES:

@@ -286,7 +286,12 @@ def training_run(
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     corpus = corpus or load_corpus(
-        spec.corpus, val_fraction=spec.val_fraction, root=spec.corpus_root
+        spec.corpus,
+        val_fraction=spec.val_fraction,
+        root=spec.corpus_root,
+        text_field=spec.text_field,
+        tokenizer=spec.tokenizer,
+        tokenizer_vocab=spec.tokenizer_vocab,
     )
     cfg = spec.arch
     if corpus.vocab_size > cfg.vocab_size:
