@@ -49,6 +49,7 @@ def test_val_bpb_is_recorded_and_can_be_the_objective(sqlite_url: str, tmp_path:
         assert t.user_attrs["val_bpb"] == pytest.approx(t.values[0])
         row = _row(t, ["val_bpb", "params"], None)
         assert row.metrics["val_bpb"] == pytest.approx(t.values[0])
+        assert row.metrics["val_loss"] == pytest.approx(run["final_val_loss"])
 
 
 @pytest.mark.ray
