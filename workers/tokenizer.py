@@ -59,7 +59,8 @@ class BpeTokenizer:
         """The ids of `texts`, concatenated (uint16 when they fit, else uint32)."""
         tok = _tokenizer_from(self.json)
         dtype = np.uint16 if self.vocab_size <= 1 << 16 else np.uint32
-        parts = [np.asarray(e.ids, dtype=dtype) for e in tok.encode_batch(list(texts))]
+        encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # no offsets: 2× faster
+        parts = [np.asarray(e.ids, dtype=dtype) for e in encode(list(texts))]
         return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
 
 
