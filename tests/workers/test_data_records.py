@@ -156,3 +156,30 @@ def test_a_damaged_dataset_state_names_it(tmp_path: Path) -> None:
     (tmp_path / "ds" / "state.json").write_text("not json")
     with pytest.raises(CorpusError, match=r"not the state.json of a dataset"):
         load_corpus("ds", root=str(tmp_path))
+
+
+def test_text_jsonl_and_byte_tokens_need_neither_pyarrow_nor_tokenizers(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "c.jsonl", TEXTS)
+    pq.write_table(pa.table({"text": TEXTS}), tmp_path / "c.parquet")
+    code = f"""
+import sys
+sys.modules["pyarrow"] = None  # an import of either now fails, as when not installed
+sys.modules["tokenizers"] = None
+from workers.data import CorpusError, load_corpus
+assert load_corpus(max_bytes=100_000).info.tokenizer == "byte"
+assert load_corpus({str(tmp_path / "c.jsonl")!r}).info.n_tokens > 0
+for kw in ({{}}, {{"tokenizer": "bpe", "tokenizer_vocab": 512}}):
+    source = {str(tmp_path / "c.parquet")!r} if not kw else {str(tmp_path / "c.jsonl")!r}
+    try:
+        load_corpus(source, **kw)
+    except CorpusError as e:
+        print(e)
+"""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert "needs pyarrow to be read (install depthscope[corpora])" in out
+    assert "kind bpe needs the tokenizers package (install depthscope[corpora])" in out
