@@ -181,3 +181,17 @@ def test_a_bpe_job_on_a_jsonl_corpus(sqlite_url: str, tmp_path: Path) -> None:
         assert (
             t.user_attrs["costs"]["params"] == param_count(ArchConfig(**t.user_attrs["arch"])).total
         )
+
+
+def test_the_dashboard_catalogue_and_analyses_know_val_bpb(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.analysis import parse_metrics
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'c.db'}"))
+    with TestClient(app) as c:
+        metrics = c.get("/v1/catalogue").json()["metrics"]
+    assert metrics["val_bpb"]["unit"] == "bits/byte"
+    assert parse_metrics("val_bpb, params") == ["val_bpb", "params"]
