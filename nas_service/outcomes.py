@@ -74,6 +74,7 @@ from nas_service.search import (
     ATTR_REASON,
     ATTR_TRAIN,
     Priced,
+    bpb_per_loss,
     cannot_reach_front,
     curve_rows,
     objective_values,
@@ -96,6 +97,7 @@ STORE_RETRY_MAX_S = 60.0  # the longest pause after an artifact store fault
 
 ATTR_SETTING = "setting"  # the chosen setting
 ATTR_SETTINGS = "settings"  # per setting tried: {"setting", "losses", "mean"}
+ATTR_BPB = "val_bpb"  # the val_loss objective in bits per byte (None: no text)
 ATTR_SEEDS = "val_loss_seeds"  # the chosen setting's seed statistics and values
 
 
@@ -415,6 +417,7 @@ class TrialOutcomes:
                 point.val_loss,
                 point.tokens / budget_tokens,
                 curves,
+                bpb_per_loss(point.val_bpb, point.val_loss),
             )
         if reason is None:
             return
@@ -467,15 +470,27 @@ class TrialOutcomes:
         best = min(means, key=lambda m: m[0])[1]  # the first of equal means
         losses = [x for x in table[best]["losses"] if x is not None]
         stats = seed_statistics(losses)
-        values = objective_values(flight.spec, stats["mean"], flight.priced.metrics)
         first = next(r for r in flight.runs if r.setting == best and r.seed == 0)
+        ratio = bpb_per_loss(first.result.final_val_bpb, first.result.final_val_loss)
+        values = objective_values(flight.spec, stats["mean"], flight.priced.metrics, ratio)
         attrs = {
             ATTR_TRAIN: train,
             ATTR_CURVE: curve_rows(first.result.curve),
             ATTR_SETTING: flight.settings[best],
             ATTR_SETTINGS: table,
             ATTR_SEEDS: stats | {"values": losses},
+            ATTR_BPB: None if ratio is None else stats["mean"] * ratio,
         }
+        if not all(math.isfinite(v) for v in values):  # val_bpb of a corpus of raw tokens
+            reason = (
+                "val_bpb is unknown: the corpus holds raw tokens, not text, so its loss "
+                "has no bytes to be counted per"
+            )
+            self._tell(
+                flight.study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL, attrs=attrs
+            )
+            self._finish_run(flight, RunState.FAILED, reason)
+            return
         if flight.spec.fidelity is not None:
             assert flight.priced.train_spec is not None
             per_step = flight.priced.train_spec.tokens_per_step

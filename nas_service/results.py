@@ -88,6 +88,15 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
             metrics[name] = value
     elif train and train[0].get("final_val_loss") is not None:
         metrics["val_loss"] = train[0]["final_val_loss"]
+    seeds = attrs.get("val_loss_seeds") or {}
+    if "val_loss" not in metrics and isinstance(seeds.get("mean"), int | float):
+        metrics["val_loss"] = float(seeds["mean"])  # a job whose objective is val_bpb
+    if "val_bpb" not in metrics:  # the loss in bits per byte, where the corpus is text
+        bpb = attrs.get("val_bpb") if t.state == TrialState.COMPLETE else None
+        if bpb is None and "val_loss" in metrics and train and t.state != TrialState.COMPLETE:
+            bpb = train[0].get("final_val_bpb")
+        if isinstance(bpb, int | float) and not isinstance(bpb, bool):
+            metrics["val_bpb"] = float(bpb)
     duration = None
     if t.datetime_start and t.datetime_complete:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()

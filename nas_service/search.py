@@ -499,6 +499,8 @@ def price_candidate(
     # the fields of the same names, but the training axes (lists or ranges in the spec) as
     # the trial's setting
     training = spec.training.model_dump(exclude=set(Training.ARCH_FIELDS) | set(TRAINING_AXES))
+    tokens = training.pop("tokenizer")  # {kind, vocab_size}: TrainSpec's two fields
+    training |= {"tokenizer": tokens["kind"], "tokenizer_vocab": tokens.get("vocab_size")}
     training |= training_setting(spec, params)
     budget = spec.budget.train_fields(trial_budget(spec, params))
     corpus = spec.training.corpus if corpus is _SPEC_CORPUS else corpus
@@ -514,8 +516,23 @@ def price_candidate(
     return Priced(params, arch.to_dict(), metrics, "train", "", train_spec)
 
 
-def objective_values(spec: JobSpec, loss: float, metrics: dict[str, float]) -> list[float]:
-    return [loss if m == "val_loss" else metrics[m] for m in spec.objectives]
+def objective_values(
+    spec: JobSpec, loss: float, metrics: dict[str, float], bpb_per_loss: float | None = None
+) -> list[float]:
+    """The trial's objective values: `loss` (nats per token) for val_loss, `loss` times
+    `bpb_per_loss` (bits per byte per nat per token, a run's val_bpb / val_loss: the same
+    for every run of a job, whose validation batches are the same) for val_bpb (NaN when
+    not known: a corpus of raw tokens has no bytes), the priced `metrics` for the rest."""
+    bpb = math.nan if bpb_per_loss is None else loss * bpb_per_loss
+    return [
+        loss if m == "val_loss" else bpb if m == "val_bpb" else metrics[m] for m in spec.objectives
+    ]
+
+
+def bpb_per_loss(val_bpb: float, val_loss: float) -> float | None:
+    """The ratio of a run's bits per byte to its loss (None when either is not finite)."""
+    ratio = val_bpb / val_loss if val_loss else math.nan
+    return ratio if math.isfinite(ratio) else None
 
 
 def train_summary(result: TrainResult) -> dict[str, Any]:
@@ -525,6 +542,8 @@ def train_summary(result: TrainResult) -> dict[str, Any]:
         "reason": result.reason,
         "final_val_loss": _finite(result.final_val_loss),
         "best_val_loss": _finite(result.best_val_loss),
+        "final_val_bpb": _finite(result.final_val_bpb),
+        "best_val_bpb": _finite(result.best_val_bpb),
         "steps": result.steps,
         "tokens_seen": result.tokens_seen,
         "flops_spent": result.flops_spent,
@@ -566,6 +585,7 @@ def cannot_reach_front(
     loss_now: float,
     fraction: float,
     curves: list[list[list[float]]],
+    bpb_ratio: float | None = None,
 ) -> str | None:
     """The multi-objective pruning rule: costs are known before training, so only the loss
     decides. Project the final loss optimistically — the current loss times the largest
@@ -584,7 +604,7 @@ def cannot_reach_front(
         return None
     best_ratio = min(1.0, *ratios)
     optimistic = loss_now * best_ratio
-    mine = objective_values(spec, optimistic, metrics)
+    mine = objective_values(spec, optimistic, metrics, bpb_ratio)
     for t in study_trials:
         if t.state != optuna.trial.TrialState.COMPLETE or t.values is None:
             continue

@@ -70,6 +70,11 @@ class TrainSpec:
     #: service's data folder (`workers.data.load_corpus`'s `root`); None: a caller's own path
     corpus_root: str | None = None
     val_fraction: float = 0.1
+    text_field: str = "text"  # the field of a JSON Lines / Parquet record holding its text
+    #: "byte" (one token per UTF-8 byte) or "bpe": a byte-level BPE of `tokenizer_vocab`
+    #: ids trained on the corpus's train split (`workers.tokenizer`); arch.vocab_size equals it
+    tokenizer: str = "byte"
+    tokenizer_vocab: int | None = None
     device: str = "auto"  # auto | cpu | cuda
     compile: bool = False
     threads: int | None = None  # torch intra-op threads (None: leave as is)
@@ -120,6 +125,16 @@ class TrainSpec:
         if self.corpus_root is not None and (self.corpus is None or self.corpus.startswith("/")):
             raise TrainSpecError(
                 "corpus", "must be a path relative to corpus_root when corpus_root is given"
+            )
+        if self.tokenizer not in ("byte", "bpe"):
+            raise TrainSpecError(
+                "tokenizer", f"unknown kind {self.tokenizer!r}; expected byte or bpe"
+            )
+        if self.tokenizer == "bpe" and self.tokenizer_vocab != self.arch.vocab_size:
+            raise TrainSpecError(
+                "tokenizer_vocab",
+                f"a BPE of {self.tokenizer_vocab} ids needs arch.vocab_size equal to it, "
+                f"not {self.arch.vocab_size}",
             )
         if self.max_checkpoint_bytes < 1:
             raise TrainSpecError(
@@ -206,6 +221,13 @@ class TrainSpec:
             for name in TRAJECTORY_FIELDS
             for value in (getattr(self, name),)
         }
+        # the text field and tokenizer join only where not their defaults, so a byte-level
+        # run's fingerprint (and the checkpoints it keys) is what it was before they existed
+        fields |= {
+            name: value
+            for name, default in TOKEN_FIELDS.items()
+            if (value := getattr(self, name)) != default
+        }
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
@@ -232,6 +254,14 @@ TRAJECTORY_FIELDS = (
 )
 
 
+#: The fields of how text becomes tokens, with their defaults (`TrainSpec.fingerprint`).
+TOKEN_FIELDS: dict[str, object] = {
+    "text_field": "text",
+    "tokenizer": "byte",
+    "tokenizer_vocab": None,
+}
+
+
 def branch_steps(spec: TrainSpec) -> int:
     """`spec.branch_steps()`: the decay branch's steps of a segment (0 for none)."""
     return spec.branch_steps()
@@ -247,6 +277,8 @@ class EvalPoint:
     val_loss: float
     train_loss: float
     elapsed_s: float
+    #: val_loss in bits per UTF-8 byte of the validation text (NaN for a token file)
+    val_bpb: float = math.nan
 
 
 #: How a run's `peak_memory_bytes` is measured: on CUDA the allocator's peak
@@ -293,6 +325,10 @@ class TrainResult:
     #: bytes of the parameters, their gradients and the optimizer's state (AdamW's moments)
     state_bytes: int = 0
     peak_rss_bytes: int = 0  # the process's peak resident set (the allocator's cache included)
+    #: final_val_loss and best_val_loss in bits per UTF-8 byte of the validation text:
+    #: loss · (target tokens / their bytes) / ln 2 (NaN for a token file, which has no text)
+    final_val_bpb: float = math.nan
+    best_val_bpb: float = math.nan
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -14,6 +14,7 @@ Conventions:
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import errno
 import functools
 import hashlib
@@ -27,10 +28,22 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, NamedTuple
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
+
+from workers.data_errors import CorpusError, Document
+from workers.data_records import (
+    DATASET_STATE,
+    DEFAULT_TEXT_FIELD,
+    dataset_files,
+    is_record_file,
+    record_documents,
+)
+from workers.tokenizer import TOKENIZERS, bpe_for, check_vocab
+
+__all__ = ["BUILTIN", "Corpus", "CorpusError", "CorpusInfo", "Document", "load_corpus"]
 
 log = logging.getLogger(__name__)
 
@@ -43,27 +56,6 @@ TOKEN_SUFFIXES = {".bin": "uint16", ".u16": "uint16", ".u32": "uint32"}  # .bin:
 _STDLIB_EXCLUDED = frozenset(
     {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 )
-
-
-class CorpusError(ValueError):
-    """An unusable corpus or corpus request. `field` names the offending input, `reason` why."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Pickling rebuilds an exception from `args` (the message alone), which this
-        # __init__ cannot take: Ray would deliver an "UnserializableException" instead.
-        return (type(self), (self.field, self.reason))
-
-
-class Document(NamedTuple):
-    """One unit of the split: `doc_id` (a relative POSIX path or chunk index) and its bytes."""
-
-    doc_id: str
-    data: bytes
 
 
 @dataclass(frozen=True)
@@ -82,6 +74,10 @@ class CorpusInfo:
     n_val_tokens: int
     vocab_size: int
     source: str
+    #: "byte" (one token per UTF-8 byte) or "bpe" (`workers.tokenizer`), and the BPE's
+    #: sha256 (of its JSON; "" for bytes): part of the identity every run records
+    tokenizer: str = "byte"
+    tokenizer_sha256: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         """The fields as a JSON-ready dict."""
@@ -90,11 +86,16 @@ class CorpusInfo:
 
 @dataclass(frozen=True, eq=False)
 class Corpus:
-    """Train and validation tokens (read-only 1-D arrays) with their `CorpusInfo`."""
+    """Train and validation tokens (read-only 1-D arrays) with their `CorpusInfo`.
+
+    `token_bytes[t]` is the number of UTF-8 bytes of text token id t stands for (all ones
+    for byte tokens); None for pre-tokenised files, whose text is unknown (no bits per byte).
+    """
 
     train: np.ndarray
     val: np.ndarray
     info: CorpusInfo
+    token_bytes: np.ndarray | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -148,6 +149,16 @@ class Corpus:
             _windows(self.val, offsets[i * batch_size : (i + 1) * batch_size], seq_len)
             for i in range(n_batches)
         ]
+
+    def tokens_per_byte(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> float | None:
+        """Target tokens per UTF-8 byte of the text they stand for, over `batches` (None
+        when the corpus has no text: a token file). A loss in nats per token times this,
+        over ln 2, is bits per byte."""
+        if self.token_bytes is None:
+            return None
+        n_tokens = sum(int(y.numel()) for _, y in batches)
+        n_bytes = sum(int(self.token_bytes[y.numpy()].sum()) for _, y in batches)
+        return n_tokens / n_bytes if n_bytes else None
 
 
 def _windows(
@@ -377,16 +388,58 @@ def _open_file_at(dir_fd: int, rel: str, shown: str) -> int:
     return fd
 
 
-def _beneath_documents(dir_fd: int, shown: str, max_bytes: int | None) -> list[Document]:
+def _beneath_documents(
+    dir_fd: int, shown: str, max_bytes: int | None, text_field: str = DEFAULT_TEXT_FIELD
+) -> list[Document]:
     """`_folder_documents` for the folder open as `dir_fd`, never following a link."""
+    dataset = _dataset_documents(dir_fd, shown, max_bytes, text_field)
+    if dataset is not None:
+        return dataset
     found: list[tuple[str, int]] = []
     _walk_fd(dir_fd, shown, found)
     ids = [p[len(shown) + 1 :] for p, _ in found]
     docs = []
     for i in _select([size + 1 for _, size in found], ids, max_bytes):
-        data = _text_of(_open_file_at(dir_fd, ids[i], found[i][0]), repr(found[i][0]))
-        if data:
-            docs.append(Document(ids[i], data if data.endswith(b"\n") else data + b"\n"))
+        fd = _open_file_at(dir_fd, ids[i], found[i][0])
+        docs += _file_documents(fd, repr(found[i][0]), ids[i], text_field, None)
+    return docs
+
+
+def _file_documents(
+    fd: int, shown: str, doc_id: str, text_field: str, max_bytes: int | None
+) -> list[Document]:
+    """The documents of one file of a folder open as `fd` (closed here): its records when
+    it is a record file (`workers.data_records`), else its text, ending with a newline."""
+    if is_record_file(doc_id):
+        with _file(fd, shown) as f:
+            return record_documents(f, shown, doc_id, text_field, max_bytes)
+    data = _text_of(fd, shown, max_bytes)
+    return [Document(doc_id, data if data.endswith(b"\n") else data + b"\n")] if data else []
+
+
+def _dataset_documents(
+    dir_fd: int, shown: str, max_bytes: int | None, text_field: str
+) -> list[Document] | None:
+    """The records of a dataset saved by `datasets.save_to_disk` in the folder `dir_fd`
+    (its `state.json` lists its Arrow files); None when the folder is not one."""
+    try:
+        fd, st = _open_at(dir_fd, DATASET_STATE, f"{shown}/{DATASET_STATE}")
+    except CorpusError:
+        return None
+    state_shown = repr(f"{shown}/{DATASET_STATE}")
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorpusError("corpus", f"{state_shown} is not a regular file")
+    names = dataset_files(_text_of(fd, state_shown, 2**20), state_shown)
+    docs: list[Document] = []
+    for name in names:
+        left = None if max_bytes is None else max_bytes - sum(len(d.data) for d in docs)
+        if left is not None and left <= 0:
+            break
+        file_shown = f"{shown}/{name}"
+        fd = _open_file_at(dir_fd, name, file_shown)
+        with _file(fd, repr(file_shown)) as f:
+            docs += record_documents(f, repr(file_shown), name, text_field, left)
     return docs
 
 
@@ -397,6 +450,7 @@ def _load_beneath(
     val_fraction: float,
     max_bytes: int | None,
     vocab_size: int | None,
+    text_field: str = DEFAULT_TEXT_FIELD,
 ) -> Corpus:
     """`load_corpus` of `source`, a path relative to the folder `root`, opened once beneath
     it without following a link (`_open_beneath`); the descriptor is what is read."""
@@ -412,17 +466,30 @@ def _load_beneath(
         return _token_corpus(tokens, val_fraction, name=name, source=shown, vocab_size=vocab_size)
     if stat.S_ISDIR(st.st_mode):
         try:
-            docs = _beneath_documents(fd, shown, max_bytes)
+            docs = _beneath_documents(fd, shown, max_bytes, text_field)
         finally:
             os.close(fd)
+    elif is_record_file(name):
+        docs = _file_documents(fd, repr(shown), name, text_field, max_bytes)
     else:
         docs = _chunks(_text_of(fd, repr(shown), max_bytes))
     return _text_corpus(docs, val_fraction, name=name, source=shown, vocab_size=vocab_size)
 
 
-def _folder_documents(folder: Path, max_bytes: int | None) -> list[Document]:
+def _folder_documents(
+    folder: Path, max_bytes: int | None, text_field: str = DEFAULT_TEXT_FIELD
+) -> list[Document]:
     """Every file under `folder` (recursively, sorted, hidden entries skipped), one document
-    each, ending with a newline."""
+    each, ending with a newline; a record file's records (`workers.data_records`) each one
+    document; a dataset saved by `save_to_disk` its records."""
+    if (folder / DATASET_STATE).exists():
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            docs = _dataset_documents(fd, folder.name, max_bytes, text_field)
+        finally:
+            os.close(fd)
+        assert docs is not None
+        return docs
     paths = []
     for sub, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
@@ -437,9 +504,8 @@ def _folder_documents(folder: Path, max_bytes: int | None) -> list[Document]:
     sizes = [(folder / p).stat().st_size + 1 for p in paths]
     docs = []
     for i in _select(sizes, paths, max_bytes):
-        data = _read_text(folder / paths[i])
-        if data:
-            docs.append(Document(paths[i], data if data.endswith(b"\n") else data + b"\n"))
+        fd = _open_regular(folder / paths[i], str(folder / paths[i]))
+        docs += _file_documents(fd, str(folder / paths[i]), paths[i], text_field, None)
     return docs
 
 
@@ -512,7 +578,16 @@ def _text_corpus(
     if not docs:
         raise CorpusError("corpus", f"{source} holds no tokens")
     train, val = _split_documents(docs, val_fraction)
-    return _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size or BYTE_VOCAB)
+    corpus = _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size or BYTE_VOCAB)
+    return _with_byte_lengths(corpus)
+
+
+def _with_byte_lengths(corpus: Corpus) -> Corpus:
+    """`corpus` with byte tokens' lengths: one byte each (ids above 255, in a larger
+    vocabulary than the bytes, never occur)."""
+    lengths = np.ones(corpus.vocab_size, dtype=np.int64)
+    lengths.setflags(write=False)
+    return dataclasses.replace(corpus, token_bytes=lengths)
 
 
 def _make_corpus(
@@ -553,7 +628,9 @@ def _builtin_corpus(max_bytes: int, val_fraction: float, vocab_size: int) -> Cor
     train, val = _split_documents(docs, val_fraction)
     name = f"stdlib-py{sys.version_info.major}.{sys.version_info.minor}"
     source = f"{BUILTIN}:python-stdlib-{platform.python_version()}"  # no machine path
-    corpus = _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size)
+    corpus = _with_byte_lengths(
+        _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size)
+    )
     log.info("built-in corpus loaded in %.2f s", time.perf_counter() - start)
     return corpus
 
@@ -566,22 +643,90 @@ def load_corpus(
     token_dtype: str | None = None,
     vocab_size: int | None = None,
     root: str | None = None,
+    text_field: str = DEFAULT_TEXT_FIELD,
+    tokenizer: str = "byte",
+    tokenizer_vocab: int | None = None,
 ) -> Corpus:
     """Load a corpus and split it into train and validation.
 
     `source`: None or "builtin" (the standard library's sources, cached per process; a
     folder named "builtin" is reached as "./builtin"), a UTF-8 text file (64 KiB chunks are
     its documents), a folder (its files are the documents), or a token file (`.bin`/`.u16`
-    uint16, `.u32` uint32, or any file with `token_dtype`). `max_bytes` caps what is read
-    (default: ≈ 8 MiB for the built-in corpus, everything otherwise). `vocab_size` defaults
-    to 256 for text and max token + 1 for token files; a smaller one is an error.
+    uint16, `.u32` uint32, or any file with `token_dtype`), a record file (`.jsonl`,
+    `.parquet`: each record's `text_field` a document; `workers.data_records`), or a dataset
+    saved by `datasets.save_to_disk` (a folder with its `state.json`). `max_bytes` caps
+    what is read (default: ≈ 8 MiB for the built-in corpus, everything otherwise).
+    `vocab_size` defaults to 256 for text and max token + 1 for token files; a smaller one
+    is an error.
 
     With `root` (the service's data folder), `source` is a path relative to it, opened once
     beneath it with no symbolic link followed at any component (a link, `..`, an absolute
     path, a FIFO or a device is refused); the descriptor opened is the one checked and read,
     so swapping a name for a link between a check and the read changes nothing. Messages and
     `CorpusInfo.source` name the path relative to `root`.
+
+    `tokenizer`: "byte" (the default) or "bpe": a byte-level BPE of `tokenizer_vocab` ids
+    trained on the train split's text only (`workers.tokenizer`, cached by the byte-level
+    corpus's checksum and the vocabulary); the model's vocabulary is then `tokenizer_vocab`.
     """
+    if tokenizer not in TOKENIZERS:
+        raise CorpusError("tokenizer", f"unknown kind {tokenizer!r}; expected byte or bpe")
+    if tokenizer == "byte":
+        return _load_bytes(
+            source, val_fraction, max_bytes, token_dtype, vocab_size, root, text_field
+        )
+    if tokenizer_vocab is None:
+        raise CorpusError("tokenizer.vocab_size", "kind bpe needs a vocabulary size")
+    check_vocab(tokenizer_vocab)
+    byte = _load_bytes(source, val_fraction, max_bytes, token_dtype, None, root, text_field)
+    if byte.token_bytes is None:
+        raise CorpusError(
+            "tokenizer", f"{byte.info.source} holds tokens already; only text takes a BPE"
+        )
+    return _bpe_corpus(byte, tokenizer_vocab)
+
+
+def _bpe_corpus(byte: Corpus, vocab: int) -> Corpus:
+    """The text of the byte-level `byte` retokenised by the BPE trained on its train split."""
+    train_texts, val_texts = _texts(byte.train), _texts(byte.val)
+    tok = bpe_for(byte.info.checksum, vocab, train_texts)  # never sees val_texts
+    corpus = _make_corpus(
+        tok.encode(train_texts),
+        tok.encode(val_texts),
+        name=byte.info.name,
+        source=byte.info.source,
+        vocab_size=vocab,
+    )
+    lengths = np.zeros(vocab, dtype=np.int64)
+    lengths[: tok.vocab_size] = tok.token_bytes
+    lengths.setflags(write=False)
+    info = dataclasses.replace(corpus.info, tokenizer="bpe", tokenizer_sha256=tok.sha256)
+    return Corpus(corpus.train, corpus.val, info, lengths)
+
+
+def _texts(tokens: np.ndarray) -> list[str]:
+    """The text of byte tokens, in pieces of about `CHUNK_BYTES` ending after a newline
+    (a byte sequence cut inside a character, at a single file's split, becomes U+FFFD)."""
+    data = tokens.astype(np.uint8).tobytes()
+    out, start = [], 0
+    while start < len(data):
+        end = data.find(b"\n", start + CHUNK_BYTES)
+        end = len(data) if end < 0 else end + 1
+        out.append(data[start:end].decode("utf-8", errors="replace"))
+        start = end
+    return out
+
+
+def _load_bytes(
+    source: str | os.PathLike[str] | None,
+    val_fraction: float,
+    max_bytes: int | None,
+    token_dtype: str | None,
+    vocab_size: int | None,
+    root: str | None,
+    text_field: str,
+) -> Corpus:
+    """`load_corpus` with byte tokens."""
     if not 0 < val_fraction <= 0.5:  # also rejects NaN
         raise CorpusError("val_fraction", f"must be in (0, 0.5], got {val_fraction}")
     if token_dtype is not None and token_dtype not in TOKEN_DTYPES:
@@ -591,6 +736,8 @@ def load_corpus(
         raise CorpusError("max_bytes", f"must be at least 1, got {max_bytes}")
     if vocab_size is not None and vocab_size < 1:
         raise CorpusError("vocab_size", f"must be at least 1, got {vocab_size}")
+    if not text_field or len(text_field) > 200:
+        raise CorpusError("text_field", "must be a name of 1 to 200 characters")
     if source is None or (isinstance(source, str) and source == BUILTIN):
         if token_dtype is not None:
             raise CorpusError("token_dtype", "the built-in corpus is byte-level text")
@@ -599,7 +746,9 @@ def load_corpus(
         )
     if root is not None:
         dtype_name = token_dtype or TOKEN_SUFFIXES.get(Path(str(source)).suffix.lower())
-        return _load_beneath(root, str(source), dtype_name, val_fraction, max_bytes, vocab_size)
+        return _load_beneath(
+            root, str(source), dtype_name, val_fraction, max_bytes, vocab_size, text_field
+        )
     path = Path(source).expanduser()
     shown = str(path)
     dtype_name = token_dtype or TOKEN_SUFFIXES.get(path.suffix.lower())
@@ -609,7 +758,10 @@ def load_corpus(
             tokens, val_fraction, name=path.name, source=shown, vocab_size=vocab_size
         )
     if path.is_dir():
-        docs = _folder_documents(path, max_bytes)
+        docs = _folder_documents(path, max_bytes, text_field)
+    elif is_record_file(path.name):
+        _check_regular(path)
+        docs = _file_documents(_open_regular(path, shown), shown, path.name, text_field, max_bytes)
     else:
         docs = _chunks(_read_text(path, max_bytes))
     return _text_corpus(docs, val_fraction, name=path.name, source=shown, vocab_size=vocab_size)

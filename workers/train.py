@@ -286,7 +286,12 @@ def training_run(
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
     corpus = corpus or load_corpus(
-        spec.corpus, val_fraction=spec.val_fraction, root=spec.corpus_root
+        spec.corpus,
+        val_fraction=spec.val_fraction,
+        root=spec.corpus_root,
+        text_field=spec.text_field,
+        tokenizer=spec.tokenizer,
+        tokenizer_vocab=spec.tokenizer_vocab,
     )
     cfg = spec.arch
     if corpus.vocab_size > cfg.vocab_size:
@@ -318,6 +323,7 @@ def training_run(
     batches = train_batches(corpus, spec, generator)
     eval_batches = corpus.eval_batches(spec.batch_size, cfg.seq_len, spec.eval_batches)
     interval = spec.eval_interval or max(1, steps // spec.n_evals)
+    bpb = bits_per_byte(corpus.tokens_per_byte(eval_batches))
     flops_per_token = float(training_flops_per_token(cfg, causal=True))
     explode_at = spec.divergence_factor * math.log(cfg.vocab_size)
     if device.type == "cuda":
@@ -361,6 +367,7 @@ def training_run(
                 val_loss=val,
                 train_loss=train_loss,
                 elapsed_s=time.perf_counter() - start,
+                val_bpb=bpb(val),
             )
             curve.append(point)
             if not math.isfinite(val) or val > explode_at:
@@ -432,7 +439,20 @@ def training_run(
         saved_tensor_bytes=saved_bytes,
         state_bytes=held_bytes,
         peak_rss_bytes=peak_rss,
+        final_val_bpb=bpb(final_val),
+        best_val_bpb=bpb(min(vals)) if vals else math.nan,
     )
+
+
+def bits_per_byte(tokens_per_byte: float | None) -> Callable[[float], float]:
+    """The conversion of a loss in nats per token to bits per byte of text, given the
+    evaluation's tokens per byte (None: no text, so NaN). For byte tokens (one byte each)
+    it is loss / ln 2 exactly."""
+    if tokens_per_byte is None:
+        return lambda loss: math.nan
+    if tokens_per_byte == 1.0:
+        return lambda loss: loss / math.log(2)
+    return lambda loss: loss * tokens_per_byte / math.log(2)
 
 
 def optimizer_step(

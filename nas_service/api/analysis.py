@@ -45,7 +45,9 @@ def parse_metrics(metrics: str) -> list[str]:
     unknown = [m for m in names if m not in OBJECTIVE_METRICS]
     if unknown:
         raise ApiError(
-            422, f"unknown metric {unknown[0]!r}; expected val_loss or a cost metric", "metrics"
+            422,
+            f"unknown metric {unknown[0]!r}; expected val_loss, val_bpb or a cost metric",
+            "metrics",
         )
     names = list(dict.fromkeys(names))
     if len(names) < 2:

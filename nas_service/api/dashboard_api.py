@@ -132,6 +132,9 @@ def catalogue() -> CatalogueRead:
     """The metrics a job can record (the measured `val_loss` and every cost metric, with its
     unit), the residual variants and the hardware presets."""
     metrics = {"val_loss": MetricInfo(unit="loss", description="final validation loss (nats)")}
+    metrics["val_bpb"] = MetricInfo(
+        unit="bits/byte", description="final validation loss in bits per UTF-8 byte of text"
+    )
     metrics |= {
         name: MetricInfo(unit=unit, description=text) for name, (unit, text) in METRICS.items()
     }

@@ -37,15 +37,19 @@ from cost_model import (
 from cost_model.hardware import MAX_DEVICES_PER_NODE
 from cost_model.residuals import BLOCK_SIZED, DEPTH_MIXED
 from workers.contract import Schedule
+from workers.tokenizer import MAX_BPE_VOCAB, MIN_BPE_VOCAB
 
 LOSS = "val_loss"
+#: the validation loss in bits per UTF-8 byte of the validation text: comparable across
+#: tokenizers (text corpora only)
+BPB = "val_bpb"
 #: The cost metrics a constraint may cap: the report's, and with `cost.layout: auto` the
 #: best layout's (`cost_model.LAYOUT_METRICS`).
 #: The calibrated step time (`cost.calibration`): the roofline's terms with the efficiency
 #: factors fitted on measured trials (`nas_service.calibration`).
 CALIBRATED = "calibrated_step_time_s"
 COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS, CALIBRATED)
-OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, *COST_METRICS)
+OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, BPB, *COST_METRICS)
 
 #: Ceilings of the fields that size something and have no operator limit in `Settings`.
 MAX_SEED = 2**32 - 1  # Optuna's and numpy's seeds are 32-bit
@@ -494,6 +498,24 @@ def _check_training_axis(name: str, value: float | list[float] | FloatRange) -> 
         raise ValueError(f"{value:g} is outside {bounds}, the values {name} takes")
 
 
+class ByteTokens(_Strict):
+    """One token per UTF-8 byte (256 ids): the default."""
+
+    kind: Literal["byte"] = "byte"
+
+
+class BpeTokens(_Strict):
+    """A byte-level BPE of `vocab_size` ids trained by the workers on the corpus's training
+    documents (`workers.tokenizer`); the architecture's vocabulary is then `vocab_size`, so
+    the cost model prices its embedding and head."""
+
+    kind: Literal["bpe"]
+    vocab_size: int = Field(ge=MIN_BPE_VOCAB, le=MAX_BPE_VOCAB)
+
+
+Tokenizer = Annotated[ByteTokens | BpeTokens, Field(discriminator="kind")]
+
+
 class Training(_Strict):
     """How every candidate is trained: `TrainSpec`'s fields of the same names, except
     `ARCH_FIELDS`, which go to the architecture (`base_arch`). seq_len, batch_size and threads
@@ -509,7 +531,10 @@ class Training(_Strict):
     ARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({"vocab_size", "seq_len"})
 
     corpus: Text | None = Field(default=None, min_length=1, max_length=4096)  # None: built-in
-    vocab_size: int = Field(default=256, ge=2, le=MAX_VOCAB)
+    # the field of a JSON Lines or Parquet record that holds its text
+    text_field: Text = Field(default="text", min_length=1, max_length=200)
+    tokenizer: Tokenizer = Field(default_factory=ByteTokens)
+    vocab_size: int = Field(default=256, ge=2, le=MAX_VOCAB)  # with a BPE: its vocab_size
     seq_len: int = Field(default=128, ge=2)
     batch_size: int = Field(default=16, ge=1)
     lr: TrainAxis = 3e-3
@@ -526,6 +551,28 @@ class Training(_Strict):
     @classmethod
     def _given(cls, value: Any) -> Any:
         return _numbers(value)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bpe_vocab(cls, data: Any) -> Any:
+        """A BPE's vocabulary is the model's: vocab_size follows it unless given too."""
+        if isinstance(data, dict):
+            tok = data.get("tokenizer")
+            if isinstance(tok, dict) and tok.get("kind") == "bpe" and "vocab_size" not in data:
+                vocab = tok.get("vocab_size")
+                if isinstance(vocab, int) and not isinstance(vocab, bool):
+                    data = {**data, "vocab_size": vocab}
+        return data
+
+    @model_validator(mode="after")
+    def _bpe_vocab_agrees(self) -> Training:
+        if isinstance(self.tokenizer, BpeTokens) and self.vocab_size != self.tokenizer.vocab_size:
+            raise ValueError(
+                f"vocab_size {self.vocab_size} differs from tokenizer.vocab_size "
+                f"{self.tokenizer.vocab_size}: a BPE's vocabulary is the model's (leave "
+                "vocab_size out)"
+            )
+        return self
 
     @field_validator("decay_frac", mode="before")
     @classmethod
@@ -909,7 +956,7 @@ class JobSpec(_Strict):
     @field_validator("objectives")
     @classmethod
     def _objectives(cls, value: list[str]) -> list[str]:
-        expected = f"val_loss or one of {', '.join(COST_METRICS)}"
+        expected = f"val_loss, val_bpb or one of {', '.join(COST_METRICS)}"
         return _check_names(value, OBJECTIVE_METRICS, "metric", expected)
 
     @model_validator(mode="after")

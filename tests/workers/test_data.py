@@ -74,6 +74,8 @@ def test_builtin_corpus_is_real_byte_text() -> None:
         "n_val_tokens": info.n_val_tokens,
         "vocab_size": 256,
         "source": info.source,
+        "tokenizer": "byte",
+        "tokenizer_sha256": "",
     }
 
 
