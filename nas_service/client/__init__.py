@@ -294,15 +294,24 @@ class Job:
         return self.last
 
     def wait(
-        self, progress: bool = True, poll_s: float = 2.0, timeout_s: float | None = None
+        self,
+        progress: bool = True,
+        poll_s: float = 2.0,
+        timeout_s: float | None = None,
+        unhealthy_s: float = 120.0,
     ) -> JobRead:
         """Follow the job to its end and return it. `progress`: a bar of its training runs
         on stderr when stderr is a terminal (nothing elsewhere). The service's health is read
-        at each poll, so a dead runner is a `ClientError`, not a hang; `timeout_s` bounds
-        the wait (`TimeoutError`)."""
+        at each poll, so a runner that stays down is a `ClientError`, not a hang: a degraded
+        answer (503) is ridden out for `unhealthy_s` seconds in a row (a runner restarted by
+        its supervisor, or one still connecting to its Ray, is back within seconds), then
+        raised; `timeout_s` bounds the wait (`TimeoutError`)."""
         if not poll_s > 0:
             raise ValueError(f"poll_s: must be > 0 seconds, got {poll_s!r}")
+        if not unhealthy_s >= 0:
+            raise ValueError(f"unhealthy_s: must be >= 0 seconds, got {unhealthy_s!r}")
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        degraded_since: float | None = None
         bar = _Bar() if progress and sys.stderr.isatty() else None
         try:
             while True:
@@ -311,7 +320,16 @@ class Job:
                     bar.update(job)
                 if job.status.value in FINISHED:
                     return job
-                self.client.request("GET", "/v1/health")
+                try:
+                    self.client.request("GET", "/v1/health")
+                    degraded_since = None
+                except ClientError as exc:
+                    now = time.monotonic()
+                    if exc.status != 503:
+                        raise
+                    degraded_since = now if degraded_since is None else degraded_since
+                    if now - degraded_since >= unhealthy_s:
+                        raise
                 if deadline is not None and time.monotonic() > deadline:
                     raise TimeoutError(f"job {self.id} still {job.status.value} after {timeout_s}s")
                 time.sleep(poll_s)

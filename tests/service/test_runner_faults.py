@@ -424,3 +424,41 @@ def test_how_a_runner_life_ended_is_told_from_its_processes(sqlite_url: str) -> 
         for p in (service, runner):
             p.kill()
             p.wait()
+
+
+def test_a_client_waiting_on_a_job_rides_out_a_runner_restart(
+    sqlite_url: str, service_factory: Any
+) -> None:
+    """`Job.wait` (and so `depthscope submit --wait`) reads the service's health at each
+    poll. The runner killed while the service lives: health is degraded (503) until the
+    supervisor's new runner has its Ray, a few seconds; the wait rides it out and returns the
+    completed job instead of raising on the first degraded answer."""
+    import threading
+
+    from nas_service.client import Client, ClientError
+
+    svc: Service = service_factory(sqlite_url)
+    svc.start()
+    job_id = svc.submit(ALONE | {"name": "waited", "n_trials": 1})
+    outcome: dict[str, Any] = {}
+
+    def follow() -> None:
+        try:
+            with Client(svc.base) as client:
+                outcome["job"] = client.job(job_id).wait(progress=False, poll_s=0.2)
+        except Exception as exc:  # what the waiting user would see
+            outcome["error"] = exc
+
+    waiter = threading.Thread(target=follow, daemon=True)
+    waiter.start()
+    view = StudyView(sqlite_url, job_id)
+    _wait_training(svc, view, 1)
+    (runner,) = svc.runner_pids()
+    procs.kill_tree(runner)  # the runner and its Ray; the service lives and restarts it
+    with Client(svc.base) as client, pytest.raises(ClientError) as refused:
+        client.job(job_id).wait(progress=False, poll_s=0.2, unhealthy_s=0)  # no patience
+    assert refused.value.status == 503
+    waiter.join(timeout=300)
+    assert not waiter.is_alive(), f"the wait never returned:\n{svc.tail()}"
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["job"].status.value == "completed"
