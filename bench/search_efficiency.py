@@ -7,7 +7,7 @@ absent, or `--landscape`).
 
     python bench/search_efficiency.py [--seeds 20] [--cap 1.0] [--top 0.01 0.05]
         [--strategies grid random tpe nsga2] [--modes none auto median fidelity]
-        [--peers grid random tpe nsga2] [--peer-pruners sha hyperband none]
+        [--peers grid random tpe nsga2] [--peer-pruners sha hyperband none] [--syne asha bohb]
         [--objectives loss pareto] [--workers 1] [--processes 2] [--json FILE]
 
 The space: the landscape's 12 architectures (3 variants × 4 depths at its parameter target)
@@ -17,7 +17,10 @@ points, answered from 84 distinct recorded points (the standard residual ignores
 TPE, NSGA-II, each with `pruner: none`, `auto` (the default), `median` (the raw-step rule of
 earlier versions) and multi-fidelity (`fidelity`: rungs 1/9, 1/3, 1, η = 3). The peers
 (`optuna-<sampler>/<pruner>`) are Optuna studies the benchmark drives itself over the same
-training specs on the same backend. A mode the runner refuses, or a fidelity mode in which
+training specs on the same backend; `syne-tune/<scheduler>` are Syne Tune 0.16's ASHA and
+BOHB (`syne_tune.optimizer.baselines`, as shipped) driven the same way, run where a bench-only
+install imports (`.bench-peers/`, see `bench/search_peers.py`), else reported not available
+with the import error. A mode the runner refuses, or a fidelity mode in which
 no run trained shorter, is reported "not available".
 
 Accounting, the same for every row: compute = FLOPs trained (partial runs included, up to
@@ -33,9 +36,10 @@ decided; n_trials: the grid's size for a grid sampler, else 10× it (the cap end
   (∞). *Best pruned*: the seeds in which a run of the space's best point was cancelled.
 - Two objectives (val_loss, train_memory_bytes): the hypervolume of the full-budget
   results, normalised by the grid's Pareto front (its ideal point 0, its nadir 1), reference
-  point (1.1, 1.1), as a share of the grid front's; the target is 95% of it within the cap
-  (`--hv`); a front of several points carries it (the output gives its size and the largest
-  share any one point holds alone), so a search that finds only the best-loss point fails.
+  point (1.1, 1.1), as a share of the grid front's; the target is 95% of it within the cap.
+  Every point of the front carries a share (the output gives the front's size and the
+  largest share one point holds alone), so a search that finds only the best-loss point
+  fails (on the WSD landscape the front is 2 points, 52% and 48%).
 - Per row, over `--seeds` seeds: the median and a 95% bootstrap interval of the median
   (2000 resamples, misses as ∞), and the misses. No minimum over medians is reported.
 """

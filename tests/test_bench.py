@@ -279,3 +279,17 @@ def test_scale_bench_runs(tmp_path: Path) -> None:
     check = result["check"]
     assert check["counted"] == 30 and check["lost"] == 0 and check["duplicated"] == 0
     assert result["utilisation"] > 0 and result["latency_ms"]["pareto"]["median_ms"] > 0
+
+
+def test_search_peer_that_does_not_import_is_reported_not_run() -> None:
+    import importlib.util
+
+    from bench.search_efficiency import TOPS, summarise
+    from bench.search_peers import syne_tune
+
+    if importlib.util.find_spec("statsmodels") is not None:
+        pytest.skip("statsmodels is installed here: Syne Tune's BOHB may import")
+    why = syne_tune("bohb")
+    assert why is not None and "BOHB is not importable" in why
+    row = summarise([{"refused": why, "mode": "bohb"}], TOPS)
+    assert row == {"available": False, "why": why}
