@@ -42,7 +42,16 @@ def _sampler(name: str, seed: int, space: dict[str, list[Any]]) -> Any:
     import optuna
 
     if name == "grid":
-        return optuna.samplers.GridSampler(space, seed=seed)
+
+        class Grid(optuna.samplers.GridSampler):
+            """Optuna's grid, without its `study.stop()` once exhausted (that only works
+            inside `optimize`; the benchmark drives the study by ask/tell and stops at the
+            grid's size itself)."""
+
+            def after_trial(self, study: Any, trial: Any, state: Any, values: Any) -> None:
+                return None
+
+        return Grid(space, seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "nsga2":
