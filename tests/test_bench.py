@@ -293,3 +293,18 @@ def test_search_peer_that_does_not_import_is_reported_not_run() -> None:
     assert why is not None and "BOHB is not importable" in why
     row = summarise([{"refused": why, "mode": "bohb"}], TOPS)
     assert row == {"available": False, "why": why}
+
+
+def test_search_optuna_grid_peer_survives_an_exhausted_grid() -> None:
+    import optuna
+
+    from bench.search_peers import _sampler
+
+    space = {"shape": ["a", "b"], "lr": [0.1]}
+    study = optuna.create_study(sampler=_sampler("grid", 0, space))
+    for k in range(3):  # one more than the grid: a revisit, not `study.stop()` outside optimize
+        trial = study.ask()
+        trial.suggest_categorical("shape", space["shape"])
+        trial.suggest_categorical("lr", space["lr"])
+        study.tell(trial, float(k))
+    assert len(study.trials) == 3
