@@ -300,11 +300,11 @@ def test_search_optuna_grid_peer_survives_an_exhausted_grid() -> None:
 
     from bench.search_peers import _sampler
 
-    space = {"shape": ["a", "b"], "lr": [0.1]}
-    study = optuna.create_study(sampler=_sampler("grid", 0, space))
+    shapes, lrs = ["a", "b"], [0.1]
+    study = optuna.create_study(sampler=_sampler("grid", 0, {"shape": shapes, "lr": lrs}))
     for k in range(3):  # one more than the grid: a revisit, not `study.stop()` outside optimize
         trial = study.ask()
-        trial.suggest_categorical("shape", space["shape"])
-        trial.suggest_categorical("lr", space["lr"])
+        trial.suggest_categorical("shape", shapes)
+        trial.suggest_categorical("lr", lrs)
         study.tell(trial, float(k))
     assert len(study.trials) == 3
