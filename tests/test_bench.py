@@ -155,15 +155,18 @@ def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
         "bench/search_efficiency.py",
         "--seeds",
         "1",
-        "--trials",
-        "12",
+        "--cap",
+        "0.3",
         "--strategies",
-        "random",
         "tpe",
         "--modes",
-        "none",
         "auto",
         "median",
+        "--peers",
+        "tpe",
+        "--peer-pruners",
+        "sha",
+        "--syne",
         "--processes",
         "1",
         "--json",
@@ -171,13 +174,98 @@ def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
     )
     result = json.loads(out.read_text())
     assert result["grid_points"] == 108 and result["reference"]["compute"] > 0
-    names = {f"{s}/{m}" for s in ("random", "tpe") for m in ("none", "auto", "median")}
-    assert set(result["summary"]["loss"]) == names
-    assert all(0 <= v["best_pruned"] <= 1 for v in result["summary"]["loss"].values())
+    assert result["reference"]["points"] == 84  # the standard residual ignores depth_lr_mult
+    assert result["reference"]["top_points"] == {"0.01": 1, "0.05": 5}
+    assert len(result["reference"]["front"]) >= 2  # a front of several points
+    loss = result["summary"]["loss"]
+    assert set(loss) == {"tpe/auto", "tpe/median", "optuna-tpe/sha"}
+    assert all(0 <= v["best_pruned"] <= 1 for v in loss.values())
     # the raw-step median rule takes a single objective: refused with two, said so
     assert not result["summary"]["pareto"]["tpe/median"]["available"]
-    assert all(r["compute"] > 0 and r["runs"] > 0 for r in result["runs"] if "refused" not in r)
-    assert "→0.5%" in run.stdout and "best pruned" in run.stdout
+    # the same cap for every row: no search trains past it
+    for r in result["runs"]:
+        if "refused" not in r:
+            assert r["runs"] > 0 and 0 < r["compute"] <= 0.3 * result["reference"]["compute"] * 1.3
+    assert (
+        "→top 1%" in run.stdout and "best pruned" in run.stdout and "optuna-tpe/sha" in run.stdout
+    )
+
+
+class _Event:
+    """A simulated run's end as the benchmark reads it (`nas_service.simulated.SimEvent`)."""
+
+    def __init__(self, compute: float, trial: int, loss: float, kind: str = "completed") -> None:
+        self.compute, self.kind, self.loss = compute, kind, loss
+        self.full = kind == "completed"
+        self.identity = {"trial": trial, "recorded_setting": {"lr": 0.1}, "stop_step": None}
+
+
+def _reference() -> object:
+    from bench.search_efficiency import Reference
+
+    setting = (("lr", 0.1),)
+    means = {(i, setting): 3.0 + 0.1 * i for i in range(10)}  # trial 0 best, 9 worst
+    # the grid's results (loss, memory): two points on the front, trial 0 (best loss, most
+    # memory) and trial 5 (less memory); the rest dominated
+    results = [(3.0 + 0.1 * i, 10.0 if i == 0 else (1.0 if i == 5 else 20.0)) for i in range(10)]
+    return Reference(100.0, results, means, list(means), (0.1, 0.3))
+
+
+def test_search_target_is_a_quantile_of_true_mean_loss() -> None:
+    from bench.search_efficiency import measure
+
+    ref = _reference()
+    memory = {i: (10.0 if i == 0 else (1.0 if i == 5 else 20.0)) for i in range(10)}
+    # trial 2 is in the top 30% (3 points) but not the top 10% (1 point): a lucky observed
+    # loss at it does not count as the best point
+    events = [_Event(20.0, 2, 2.0), _Event(50.0, 0, 3.0)]
+    m = measure(events, memory, ref, cap=1.0)  # type: ignore[arg-type]
+    assert m["first"] == {"0.1": 0.5, "0.3": 0.2}
+
+
+def test_search_results_after_the_cap_do_not_count() -> None:
+    from bench.search_efficiency import measure
+
+    ref = _reference()
+    memory = {i: 1.0 for i in range(10)}
+    events = [_Event(40.0, 7, 3.7), _Event(60.0, 0, 3.0)]
+    m = measure(events, memory, ref, cap=0.5)  # type: ignore[arg-type]
+    assert m["first"]["0.1"] is None  # the best point was found at 60% > the 50% cap
+
+
+def test_search_two_objective_target_fails_on_the_best_loss_point_alone() -> None:
+    from bench.search_efficiency import HV_SHARE, measure
+
+    ref = _reference()
+    memory = {i: (10.0 if i == 0 else (1.0 if i == 5 else 20.0)) for i in range(10)}
+    only_best = measure([_Event(10.0, 0, 3.0)], memory, ref, cap=1.0)  # type: ignore[arg-type]
+    assert only_best["hv_reached"] is None and only_best["hv_at_cap"] < HV_SHARE
+    both = measure(
+        [_Event(10.0, 0, 3.0), _Event(30.0, 5, 3.5)],
+        memory,
+        ref,  # type: ignore[arg-type]
+        cap=1.0,
+    )
+    assert both["hv_reached"] == 0.3 and both["hv_at_cap"] == 1.0
+
+
+def test_search_median_counts_misses_and_has_an_interval() -> None:
+    from bench.search_efficiency import median_interval
+
+    inf = float("inf")
+    m = median_interval([0.1, 0.2, inf, inf, inf])
+    assert m["median"] == inf  # most seeds missed: the median is a miss, not the best seed
+    m = median_interval([0.1, 0.2, 0.3, 0.4, inf])
+    assert m["median"] == 0.3 and m["lo"] <= 0.3 <= m["hi"] and m["lo"] >= 0.1
+
+
+def test_search_best_pruned_is_the_space_best_point() -> None:
+    from bench.search_efficiency import measure
+
+    ref = _reference()
+    memory = {i: 1.0 for i in range(10)}
+    m = measure([_Event(5.0, 0, 4.0, kind="cancelled")], memory, ref, cap=1.0)  # type: ignore[arg-type]
+    assert m["best_pruned"] and m["first"]["0.1"] is None
 
 
 @pytest.mark.postgres
@@ -191,3 +279,32 @@ def test_scale_bench_runs(tmp_path: Path) -> None:
     check = result["check"]
     assert check["counted"] == 30 and check["lost"] == 0 and check["duplicated"] == 0
     assert result["utilisation"] > 0 and result["latency_ms"]["pareto"]["median_ms"] > 0
+
+
+def test_search_peer_that_does_not_import_is_reported_not_run() -> None:
+    import importlib.util
+
+    from bench.search_efficiency import TOPS, summarise
+    from bench.search_peers import syne_tune
+
+    if importlib.util.find_spec("statsmodels") is not None:
+        pytest.skip("statsmodels is installed here: Syne Tune's BOHB may import")
+    why = syne_tune("bohb")
+    assert why is not None and "BOHB is not importable" in why
+    row = summarise([{"refused": why, "mode": "bohb"}], TOPS)
+    assert row == {"available": False, "why": why}
+
+
+def test_search_optuna_grid_peer_survives_an_exhausted_grid() -> None:
+    import optuna
+
+    from bench.search_peers import _sampler
+
+    shapes, lrs = ["a", "b"], [0.1]
+    study = optuna.create_study(sampler=_sampler("grid", 0, {"shape": shapes, "lr": lrs}))
+    for k in range(3):  # one more than the grid: a revisit, not `study.stop()` outside optimize
+        trial = study.ask()
+        trial.suggest_categorical("shape", shapes)
+        trial.suggest_categorical("lr", lrs)
+        study.tell(trial, float(k))
+    assert len(study.trials) == 3
