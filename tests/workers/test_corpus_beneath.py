@@ -52,7 +52,8 @@ def test_a_file_and_a_folder_beneath_the_root_are_read_and_shown_relative(root: 
 
 
 SWAPPER = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # even where SIGINT came ignored
 target, link, plain, outside, text = sys.argv[1:6]
 body = open(text, "rb").read()
 swaps = 0
