@@ -127,8 +127,9 @@ def test_the_catalogue_names_every_metric_with_its_unit(client: TestClient) -> N
     from cost_model import METRICS
 
     body = client.get("/v1/catalogue", headers=AUTH).json()
-    assert set(body["metrics"]) == {"val_loss", *METRICS}
+    assert set(body["metrics"]) == {"val_loss", "val_bpb", *METRICS}
     assert body["metrics"]["train_memory_bytes"]["unit"] == "bytes"
+    assert body["metrics"]["val_bpb"]["unit"] == "bits/byte"
     assert "baseline" in body["variants"] and "h100" in body["hardware"]
 
 
