@@ -218,6 +218,8 @@ def test_the_train_spec_carries_every_training_field() -> None:
         "n_evals": 3,
         "eval_batches": 2,
         "threads": 2,
+        "text_field": "body",
+        "tokenizer": {"kind": "bpe", "vocab_size": 300},
     }
     assert set(training) == set(Training.model_fields)  # a new field: add it here
     one = SPACES["one-variant"]  # with a variant that has depth-mixing parameters
@@ -226,7 +228,10 @@ def test_the_train_spec_carries_every_training_field() -> None:
     params = {"residual": "mhc_lite", "n_layers": 3, "d_model": 64}
     ts = price_candidate(spec, params, seed=7).train_spec
     assert ts is not None
+    assert (ts.tokenizer, ts.tokenizer_vocab) == ("bpe", 300)  # the section as two fields
     for name, value in training.items():
+        if name == "tokenizer":
+            continue
         holder = ts.arch if name in Training.ARCH_FIELDS else ts
         assert getattr(holder, name) == value, name
     assert ts.seed == 7 and ts.budget_flops == 1e12 and ts.budget_tokens is None
