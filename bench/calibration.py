@@ -1,6 +1,6 @@
 """Calibration of the roofline on the CPU from a real job: the runner trains a grid of tiny
 candidates on the local Ray (the built-in corpus), then the service's calibration
-(`nas_service.calibration`, as `GET /v1/jobs/{id}/calibration` answers it) fits
+(`nas_service.results.calibration`, as `GET /v1/jobs/{id}/calibration` answers it) fits
 t ≈ a·compute_s + b·memory_s + c to the measured steps and reports the cross-validated
 median and 90th-percentile relative error, calibrated against the raw roofline's, and the
 measured peak memory against the analytic.
@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from nas_service.calibration import plot_calibration
-from nas_service.db import Job, make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage, submit
-from nas_service.queries import calibration
-from nas_service.results import ResultsCache
-from nas_service.runner import Runner, connect_ray
+from nas_service.jobs import submit
+from nas_service.results.answers import ResultsCache
+from nas_service.results.calibration import plot_calibration
+from nas_service.results.queries import calibration
+from nas_service.runner.loop import Runner, connect_ray
 from nas_service.settings import ClusterSettings, get_settings
+from nas_service.store import Job, make_engine, make_sessionmaker, upgrade
+from nas_service.store.jobs import optuna_storage
 
 
 def job_spec(args: argparse.Namespace) -> dict[str, Any]:

@@ -28,8 +28,8 @@ import httpx
 import optuna
 
 from bench import service as bench_service
-from nas_service.jobs import optuna_storage
 from nas_service.spec import parse_spec
+from nas_service.store.jobs import optuna_storage
 
 TARGET_MS = 2000.0
 CHROMIUM = "/usr/bin/chromium"

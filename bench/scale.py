@@ -1,6 +1,6 @@
 """The runner at scale: 1,000 simulated workers, 20,000 trials of 60 simulated seconds on
 PostgreSQL, the runner killed twice (SIGKILL) and restarted, on the simulated backend
-(`nas_service.simulated`, answers from bench/landscapes/crossover.json).
+(`nas_service.runner.simulated`, answers from bench/landscapes/crossover.json).
 
     python bench/scale.py [--workers 1000 --trials 20000 --duration 60 --kills 2] [--json FILE]
     python bench/scale.py --workers 50 --trials 500          # a quick run
@@ -29,7 +29,7 @@ Findings (2 cores, PostgreSQL on 127.0.0.1, 60-s trials). Side by side, `--worke
 --trials 600 --kills 0 --storage optuna` then `--storage owned`: 124 ms then 43 ms of runner
 time per trial, utilisation 97.9% then 98.8%. With Optuna's cached storage every read
 re-read every unfinished trial (a trial cost O(trials in flight)); the runner's own
-`OwnedTrials` (`nas_service/study_cache.py`) re-reads only what changed.
+`OwnedTrials` (`nas_service/store/optuna_storage.py`) re-reads only what changed.
 
 The default run (1,000 workers, 20,000 trials, 2 SIGKILLs), side by side on one quiet
 machine, before and after the runner recorded in bulk: recovery re-enqueues and fails a
@@ -95,7 +95,7 @@ def settings_for(url: str, workers: int, trials: int) -> Any:
 
 
 def job_spec(trials: int, workers: int) -> dict[str, Any]:
-    from nas_service.landscape import load_landscape
+    from nas_service.results.landscape import load_landscape
 
     spec: dict[str, Any] = load_landscape(LANDSCAPE).job.spec.model_dump(mode="json")
     tune = spec.pop("tune") or {}
@@ -115,9 +115,9 @@ def job_spec(trials: int, workers: int) -> dict[str, Any]:
 def child(args: argparse.Namespace) -> int:
     import optuna
 
-    from nas_service.landscape import load_landscape
-    from nas_service.runner import Runner
-    from nas_service.simulated import SimulatedBackend
+    from nas_service.results.landscape import load_landscape
+    from nas_service.runner.loop import Runner
+    from nas_service.runner.simulated import SimulatedBackend
     from workers.contract import TrainResult
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -162,7 +162,7 @@ def child(args: argparse.Namespace) -> int:
     backend = Measured(load_landscape(LANDSCAPE), workers=args.workers, duration_s=args.duration)
     runner = Runner(settings, backend=backend)
     if args.storage == "optuna":  # Optuna's own cache: every unfinished trial re-read per read
-        from nas_service.jobs import optuna_storage
+        from nas_service.store.jobs import optuna_storage
 
         runner.storage = optuna_storage(args.database_url)
     backend.started = time.perf_counter()
@@ -228,9 +228,9 @@ def check_trials(url: str, study_name: str, n_trials: int) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
-    from nas_service.jobs import optuna_storage
-    from nas_service.recovery import ATTR_RETRY_OF
-    from nas_service.search import ATTR_LOST
+    from nas_service.runner.recovery import ATTR_RETRY_OF
+    from nas_service.search.study import ATTR_LOST
+    from nas_service.store.jobs import optuna_storage
 
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(url))
     trials = study.get_trials(deepcopy=False)
@@ -259,7 +259,7 @@ def check_trials(url: str, study_name: str, n_trials: int) -> dict[str, Any]:
     duplicated += sum(1 for n in retries if n in counted_ids)  # counted and re-run too
     # a retry keeps its trial's parameters, unless the runner died in the pass of its loop
     # that asked the trial, before recording it: then none were recorded, and the retry is
-    # sampled afresh (`nas_service.recovery`)
+    # sampled afresh (`nas_service.runner.recovery`)
     originals = [
         (by_number[int(r.user_attrs[ATTR_RETRY_OF])], r) for rs in retries.values() for r in rs
     ]
@@ -303,8 +303,8 @@ def query_latency(url: str, job_id: str, calls: int = 5) -> dict[str, dict[str, 
 def parent(args: argparse.Namespace) -> int:
     from sqlalchemy import create_engine, text
 
-    from nas_service.db import Job, make_engine, make_sessionmaker, upgrade
     from nas_service.jobs import submit
+    from nas_service.store import Job, make_engine, make_sessionmaker, upgrade
 
     name = f"ds_scale_{uuid.uuid4().hex[:10]}"
     admin = create_engine(args.admin_url, isolation_level="AUTOCOMMIT")

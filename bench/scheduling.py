@@ -20,10 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import optuna
 
-from nas_service.db import make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage, submit
-from nas_service.runner import Runner, connect_ray
+from nas_service.jobs import submit
+from nas_service.runner.loop import Runner, connect_ray
 from nas_service.settings import ClusterSettings, get_settings
+from nas_service.store import make_engine, make_sessionmaker, upgrade
+from nas_service.store.jobs import optuna_storage
 
 
 def one_run(url: str, trials: int, slots: int, tokens: int) -> dict[str, float]:

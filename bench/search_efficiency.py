@@ -1,7 +1,7 @@
 """Search efficiency on a recorded landscape, honestly: every strategy under the same
 compute cap, a quantile target, a two-objective target that can fail, a bootstrap interval
 per strategy, and Optuna's own samplers and pruners in the same run (`bench/search_peers.py`)
-with the same accounting. Replayed on the simulated backend (`nas_service.simulated`) over
+with the same accounting. Replayed on the simulated backend (`nas_service.runner.simulated`) over
 bench/landscapes/crossover_wsd.json (WSD, a curve per run; crossover.json where it is
 absent, or `--landscape`).
 
@@ -117,7 +117,7 @@ def job_spec(
 
 
 def grid_size(spec: dict[str, Any]) -> int:
-    from nas_service.search import grid_space
+    from nas_service.search.study import grid_space
     from nas_service.spec import parse_spec
 
     return math.prod(len(v) for v in grid_space(parse_spec(spec)).values())
@@ -284,7 +284,7 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
     """One search (depthscope's runner, or an Optuna peer); its event log's measures."""
     import optuna
 
-    from nas_service.landscape import load_landscape
+    from nas_service.results.landscape import load_landscape
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     logging.getLogger("nas_service").setLevel(logging.ERROR)
@@ -346,12 +346,12 @@ def _run_depthscope(
 ) -> Any:
     """A search by the real runner on a fresh copy of the template database (its backend;
     None when the runner refused the spec, said in `out`)."""
-    from nas_service.db import make_engine, make_sessionmaker
     from nas_service.jobs import submit
-    from nas_service.runner import Runner
+    from nas_service.runner.loop import Runner
+    from nas_service.runner.simulated import SimulatedBackend
     from nas_service.settings import Settings, get_settings
-    from nas_service.simulated import SimulatedBackend
     from nas_service.spec import SpecError
+    from nas_service.store import make_engine, make_sessionmaker
 
     folder = Path(tempfile.mkdtemp(prefix="ds-search-", dir=task["tmp"]))
     db = folder / "search.db"
@@ -496,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     if not all(0 < q < 1 for q in args.top):
         parser.error(f"--top: quantiles in (0, 1), got {args.top}")
 
-    from nas_service.db import upgrade
-    from nas_service.jobs import optuna_storage
-    from nas_service.landscape import load_landscape
+    from nas_service.results.landscape import load_landscape
+    from nas_service.store import upgrade
+    from nas_service.store.jobs import optuna_storage
 
     landscape = load_landscape(args.landscape)
     means = truth(landscape)

@@ -85,7 +85,7 @@ def run_peer(
     import optuna
     from optuna.trial import TrialState
 
-    from nas_service.simulated import SimulatedBackend
+    from nas_service.runner.simulated import SimulatedBackend
     from workers.contract import EvalPoint, TrainResult
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -182,7 +182,7 @@ def run_syne(
     baselines = importlib.import_module("syne_tune.optimizer.baselines")
     stop_decision = importlib.import_module("syne_tune.optimizer.scheduler").SchedulerDecision.STOP
 
-    from nas_service.simulated import SimulatedBackend
+    from nas_service.runner.simulated import SimulatedBackend
     from workers.contract import EvalPoint, TrainResult
 
     shapes = sorted({k[0] for k in specs})

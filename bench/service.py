@@ -32,9 +32,9 @@ import optuna
 import uvicorn
 
 from nas_service.api.app import create_app
-from nas_service.jobs import optuna_storage
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
+from nas_service.store.jobs import optuna_storage
 
 
 def _load_support() -> Any:

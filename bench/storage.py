@@ -37,7 +37,7 @@ def _support() -> Any:
 def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
     import optuna
 
-    from nas_service.jobs import optuna_storage
+    from nas_service.store.jobs import optuna_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=optuna_storage(url))
@@ -54,7 +54,7 @@ def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
 def measure(url: str, jobs: int, cycles: int) -> float:
     import optuna
 
-    from nas_service.jobs import optuna_storage
+    from nas_service.store.jobs import optuna_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = optuna_storage(url)

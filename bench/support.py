@@ -5,7 +5,7 @@ throw-away PostgreSQL database.
 (architecture, every cost metric, the training summary, a curve), without training
 anything; losses follow a quadratic in ln(d_model/L_b) with a known minimum, plus noise.
 `store_trials`: finished trials added to a study in one transaction, a few bulk statements
-in all (`nas_service.trial_tables.insert_trials`), stored as `Study.add_trials` stores them
+in all (`nas_service.store.trial_tables.insert_trials`), stored as `Study.add_trials` stores them
 (tested equal): Optuna adds a trial at a time, about 25 ms each on two cores, four minutes
 for 10,000.
 
@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from cost_model import ArchConfig, price
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
-from nas_service.trial_tables import insert_trials
+from nas_service.store.trial_tables import insert_trials
 
 
 def synthetic_trials(

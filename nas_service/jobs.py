@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import re
 import uuid
 from typing import Any
 
@@ -27,17 +26,7 @@ import optuna
 from sqlalchemy import Connection, func, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import (
-    ACTIVE_STATES,
-    EventKind,
-    Job,
-    JobEvent,
-    JobStatus,
-    on_rollback,
-    unit_of_work,
-)
-from nas_service.db.engine import SQLITE_BUSY_TIMEOUT_S, normalise_url, pool_kwargs
-from nas_service.search import create_study
+from nas_service.search.study import create_study
 from nas_service.settings import Settings
 from nas_service.spec import (
     CALIBRATED,
@@ -47,18 +36,22 @@ from nas_service.spec import (
     check_job,
     parse_spec,
 )
+from nas_service.store import (
+    ACTIVE_STATES,
+    EventKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    on_rollback,
+    unit_of_work,
+)
+from nas_service.store.jobs import get_job, optuna_storage
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 log = logging.getLogger(__name__)
 
 #: The advisory lock key that serialises submissions on PostgreSQL ("dsubmit" in ASCII).
 SUBMIT_LOCK_KEY = int.from_bytes(b"dsubmit", "big")
-#: A job id as the service makes them: `str(uuid.uuid4())`.
-JOB_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-class JobNotFound(LookupError):
-    pass
 
 
 class JobStateError(RuntimeError):
@@ -71,20 +64,6 @@ class JobLimitError(RuntimeError):
     def __init__(self, active: int, limit: int) -> None:
         super().__init__(f"{active} jobs are active; the limit is {limit}")
         self.active, self.limit = active, limit
-
-
-def optuna_storage(url: str, settings: Settings | None = None) -> optuna.storages.RDBStorage:
-    """Optuna's RDB storage in the service's database (its pool bounded by `settings`)."""
-    kwargs: dict[str, Any] = {}
-    if url.startswith("sqlite"):
-        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
-    else:
-        kwargs["pool_pre_ping"] = True
-    if settings is not None:
-        kwargs |= pool_kwargs(
-            url, settings.db_pool_size, settings.db_max_overflow, settings.db_pool_timeout_s
-        )
-    return optuna.storages.RDBStorage(normalise_url(url), engine_kwargs=kwargs)
 
 
 def _count_active(session: Session) -> int:
@@ -179,7 +158,7 @@ def with_calibration(
     if not named or spec.cost.calibration is not None:
         return spec
     from cost_model.calibration import MIN_TRIALS
-    from nas_service.calibration import cluster_fit
+    from nas_service.results.calibration import cluster_fit
 
     fit = cluster_fit(session, storage, spec.cluster, spec.cost.hardware)
     if fit.model is None:
@@ -221,39 +200,6 @@ def _forget_study(study_name: str, storage: optuna.storages.BaseStorage) -> None
         pass
     except Exception:
         log.exception("could not delete the study %s of a refused submission", study_name)
-
-
-def valid_job_id(job_id: str) -> bool:
-    return JOB_ID.fullmatch(job_id) is not None
-
-
-def get_job(session: Session, job_id: str) -> Job:
-    """The job, or `JobNotFound`; an id that is not one the service makes (not a UUID, a NUL
-    byte, …) is not looked up at all."""
-    if not valid_job_id(job_id):
-        raise JobNotFound(job_id)
-    job = session.get(Job, job_id)
-    if job is None:
-        raise JobNotFound(job_id)
-    return job
-
-
-def active_jobs(session: Session) -> list[Job]:
-    return list(
-        session.scalars(select(Job).where(Job.status.in_(ACTIVE_STATES)).order_by(Job.created_at))
-    )
-
-
-def list_jobs(
-    session: Session, status: JobStatus | None = None, limit: int = 50, offset: int = 0
-) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, optionally of one status, and how many there are."""
-    query = select(Job)
-    if status is not None:
-        query = query.where(Job.status == status)
-    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
-    page = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset))
-    return list(page), total
 
 
 def cancel_job(session: Session, job_id: str) -> Job:

@@ -192,7 +192,7 @@ def test_search_efficiency_bench_runs(tmp_path: Path) -> None:
 
 
 class _Event:
-    """A simulated run's end as the benchmark reads it (`nas_service.simulated.SimEvent`)."""
+    """A simulated run's end as the benchmark reads it (`nas_service.runner.simulated.SimEvent`)."""
 
     def __init__(self, compute: float, trial: int, loss: float, kind: str = "completed") -> None:
         self.compute, self.kind, self.loss = compute, kind, loss

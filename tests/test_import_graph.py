@@ -4,7 +4,7 @@ design). The graph is read from the source with `ast` over `cost_model`, `worker
 `nas_service`; its strongly connected components of more than one module are the cycles.
 
 The service's core never imports its HTTP layer (`nas_service.api`): the read schemas it
-answers with live below it (`nas_service.reads`), and `api/schemas.py` re-exports them.
+answers with live below it (`nas_service.results.reads`), and `api/schemas.py` re-exports them.
 
 The layers themselves are import-linter's contracts in pyproject.toml (`[tool.importlinter]`):
 `lint-imports` keeps them here, and a copy of the sources with one forbidden import added
@@ -124,37 +124,80 @@ def test_the_project_has_no_import_cycle() -> None:
     assert [_describe(graph, c) for c in cycles(graph)] == []
 
 
-#: The service's entry points: nothing else in `nas_service` imports them.
-ENTRY_POINTS = ("api", "cli", "client", "dashboard", "demo")
+#: The service's folders along the data flow, top to bottom (the import-linter contract in
+#: `pyproject.toml` says the same): a module imports its own layer's or those below, never up.
+LAYERS = (
+    ("api", "cli", "client", "dashboard", "demo"),
+    ("jobs",),
+    ("results",),
+    ("runner",),
+    ("search",),
+    ("store",),
+    ("spec",),
+    ("settings",),
+)
 
 
-def test_the_service_core_never_imports_its_entry_points() -> None:
-    """Every module of `nas_service` but its entry points (the modules of today and any added
-    since, which the import-linter layers contract lists only once it is placed there)."""
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    if parts[0] != "nas_service" or len(parts) < 2:
+        return None
+    for level, names in enumerate(LAYERS):
+        if parts[1] in names:
+            return level
+    return None
+
+
+def test_every_service_module_sits_in_a_layer_and_imports_none_above() -> None:
+    """Function-level and `TYPE_CHECKING` imports included; a module added outside the layers
+    (a new top-level module or folder) fails until it is placed."""
     graph = import_graph(ROOT)
-    top = tuple(f"nas_service.{name}" for name in ENTRY_POINTS)
-
-    def entry(module: str) -> bool:
-        return any(module == t or module.startswith(t + ".") for t in top)
-
-    core = [m for m in graph if m.startswith("nas_service.") and not entry(m)]
-    assert {"nas_service.calibration", "nas_service.queries", "nas_service.spec.model"} <= set(core)
-    up = {m: sorted(t for t in graph[m] if entry(t)) for m in core}
+    service = [m for m in graph if m.startswith("nas_service.")]
+    unplaced = [
+        m for m in service if _layer(m) is None and not m.startswith("nas_service.migrations")
+    ]
+    assert unplaced == []
+    assert {
+        "nas_service.results.calibration",
+        "nas_service.runner.simulated",
+        "nas_service.store.records",
+        "nas_service.spec.model",
+    } <= set(service)
+    up = {
+        m: sorted(t for t in graph[m] if (lt := _layer(t)) is not None and lt < (_layer(m) or 0))
+        for m in service
+        if _layer(m) is not None
+    }
     assert {m: t for m, t in up.items() if t} == {}
 
 
+def test_the_layer_check_finds_an_arrow_pointing_up() -> None:
+    graph = {"nas_service.store.x": {"nas_service.results.y"}, "nas_service.results.y": set()}
+    up = [
+        t
+        for t in graph["nas_service.store.x"]
+        if (_layer(t) or 0) < (_layer("nas_service.store.x") or 0)
+    ]
+    assert up == ["nas_service.results.y"]
+
+
 def test_the_api_names_the_read_schemas_of_the_core() -> None:
-    """`api/schemas.py` re-exports every read schema of `nas_service.reads` as the same class,
-    so the routes, the Python client and the OpenAPI document name what the core answers."""
+    """`api/schemas.py` re-exports every read schema of `nas_service.results.reads` and every
+    stored record of `nas_service.store.records` as the same class, so the routes, the Python
+    client and the OpenAPI document name what the core answers."""
     from pydantic import BaseModel
 
-    from nas_service import reads
     from nas_service.api import schemas
+    from nas_service.results import reads
+    from nas_service.store import records
 
     models = {
         name: obj
-        for name, obj in vars(reads).items()
-        if isinstance(obj, type) and issubclass(obj, BaseModel) and obj.__module__ == reads.__name__
+        for module in (reads, records)
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and issubclass(obj, BaseModel)
+        and obj.__module__ == module.__name__
     }
     assert len(models) >= 30
     assert {name: getattr(schemas, name, None) for name in models} == models
@@ -218,22 +261,27 @@ def test_the_import_contracts_are_kept() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("workers/contract.py", "import nas_service.jobs", "nas_service > workers > cost_model"),
+        ("workers/contract.py", "import nas_service.spec", "nas_service > workers > cost_model"),
         ("cost_model/flops.py", "import workers.store", "nas_service > workers > cost_model"),
         (
-            "nas_service/search.py",
+            "nas_service/search/study.py",
             "from workers import train",
             "nas_service imports no torch module of workers",
         ),
         (
-            "nas_service/queries.py",
+            "nas_service/results/queries.py",
             "def f() -> None:\n    from nas_service.api import schemas",
-            "nas_service: its entry points above its core",
+            "nas_service: its folders along the data flow",
         ),
         (
-            "nas_service/results.py",
+            "nas_service/results/answers.py",
             "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from nas_service import cli",
-            "nas_service: its entry points above its core",
+            "nas_service: its folders along the data flow",
+        ),
+        (
+            "nas_service/store/records.py",
+            "def f() -> None:\n    from nas_service.results import answers",
+            "nas_service: its folders along the data flow",
         ),
     ],
     ids=[
@@ -242,6 +290,7 @@ def test_the_import_contracts_are_kept() -> None:
         "service-to-torch",
         "core-to-api",
         "core-to-cli",
+        "store-to-results",
     ],
 )
 def test_a_forbidden_import_breaks_a_contract(

@@ -10,7 +10,6 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
 from cost_model import Variant
-from nas_service import queries
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS
@@ -24,8 +23,9 @@ from nas_service.api.schemas import (
     ScalingRead,
     SensitivityRead,
 )
-from nas_service.queries import calibration as calibrate
-from nas_service.queries import calibration_png
+from nas_service.results import queries
+from nas_service.results.queries import calibration as calibrate
+from nas_service.results.queries import calibration_png
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)

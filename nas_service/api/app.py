@@ -25,11 +25,11 @@ from fastapi.routing import APIRoute
 from nas_service import dashboard
 from nas_service.api import analysis, cost, dashboard_api, docs, errors, health, jobs
 from nas_service.api.routing import BodyLimit, RequestTimer
-from nas_service.db import make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage
-from nas_service.optuna_compat import check_optuna
-from nas_service.results import ResultsCache
+from nas_service.results.answers import ResultsCache
 from nas_service.settings import Settings, get_settings
+from nas_service.store import make_engine, make_sessionmaker, upgrade
+from nas_service.store.jobs import optuna_storage
+from nas_service.store.optuna_compat import check_optuna
 
 log = logging.getLogger(__name__)
 

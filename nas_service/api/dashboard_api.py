@@ -32,7 +32,6 @@ from fastapi import APIRouter, Path, Query
 
 from cost_model import METRICS, VARIANTS
 from cost_model.hardware import PRESETS
-from nas_service import queries
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS, Offset
@@ -46,9 +45,10 @@ from nas_service.api.schemas import (
     TrialList,
     TrialRead,
 )
-from nas_service.db import TrialStatus
-from nas_service.results import TrialRow
+from nas_service.results import queries
+from nas_service.results.answers import TrialRow
 from nas_service.spec import OBJECTIVE_METRICS, SpecError, load_yaml_text
+from nas_service.store import TrialStatus
 
 router = APIRouter(prefix="/v1", tags=["dashboard"], route_class=ApiRoute, dependencies=SECURED)
 

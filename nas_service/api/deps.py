@@ -13,9 +13,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
-from nas_service.db import roll_back, wrote
-from nas_service.results import ResultsCache
+from nas_service.results.answers import ResultsCache
 from nas_service.settings import Settings
+from nas_service.store import roll_back, wrote
 
 #: The OpenAPI security scheme; the check itself is `check_token` (our JSON 401).
 bearer = HTTPBearer(

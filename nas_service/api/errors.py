@@ -18,10 +18,11 @@ from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from cost_model import CostInputError
-from nas_service.failures import is_database_outage
-from nas_service.jobs import JobLimitError, JobNotFound, JobStateError
-from nas_service.queries import NothingYet
+from nas_service.jobs import JobLimitError, JobStateError
+from nas_service.results.queries import NothingYet
+from nas_service.runner.failures import is_database_outage
 from nas_service.spec import SpecError
+from nas_service.store.jobs import JobNotFound
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import responses
 from nas_service.api.routing import LATENCY_BUCKETS, SECURED, ApiRoute
-from nas_service.db import JOB_STATES, RUN_STATES, Job, JobStatus, RunnerLife, TrialRun
+from nas_service.store import JOB_STATES, RUN_STATES, Job, JobStatus, RunnerLife, TrialRun
 
 #: The text format every Prometheus reads (what `generate_latest` writes).
 PROMETHEUS_TEXT = CONTENT_TYPE_PLAIN_0_0_4
@@ -76,7 +76,7 @@ def health(request: Request) -> JSONResponse:
 
 def _runner_ray(request: Request, runners: dict[str, Any]) -> dict[str, str]:
     """Where each runner process of this service stands, from its life row (the runner
-    writes when it took the lease and when its Ray answered; `nas_service.lease`)."""
+    writes when it took the lease and when its Ray answered; `nas_service.store.lease`)."""
     host = socket.gethostname()[:255]
     states = {}
     try:

@@ -11,14 +11,16 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from cost_model import Variant
-from nas_service import queries
 from nas_service.api.deps import ResultsDep, SessionDep, SettingsDep
 from nas_service.api.errors import responses
 from nas_service.api.routing import BODY_KEY, SECURED, ApiRoute
 from nas_service.api.schemas import JobList, JobRead, TrialList
-from nas_service.db import JobStatus, TrialStatus
-from nas_service.jobs import submit_job
+from nas_service.jobs import cancel_job, submit_job
+from nas_service.results import queries
+from nas_service.results.answers import job_results
 from nas_service.spec import JobSpec
+from nas_service.store import JobStatus, TrialStatus
+from nas_service.store.jobs import get_job
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=ApiRoute, dependencies=SECURED)
 #: The largest offset of a page (a bound, so no query is ever asked for an absurd one).
@@ -90,7 +92,12 @@ def read(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
     "/{job_id}/cancel", response_model=JobRead, responses=responses(401, 404, 409, 422, 503)
 )
 def cancel(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
-    return queries.cancel(session, cache, job_id)
+    """Cancel the job (in the request's transaction) and show it. Its trials are read first,
+    so no read waits while the transaction holds the job's row."""
+    results = job_results(cache, get_job(session, job_id))
+    job = cancel_job(session, job_id)
+    cache.forget(("job", job_id))
+    return queries.summarise(job, results)
 
 
 @router.get("/{job_id}/trials", response_model=TrialList, responses=JOB_ERRORS)

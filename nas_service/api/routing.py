@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from nas_service.api.deps import check_token, require_token
 from nas_service.api.errors import error_body
-from nas_service.db import wrote
+from nas_service.store import wrote
 
 #: The dependencies of every router but health's: the bearer token (see `ApiRoute`).
 SECURED = [Depends(require_token)]

@@ -6,9 +6,9 @@ types, bounds and choices the OpenAPI document shows; a non-finite number, a nul
 value is required or an integer out of range is a 422 naming the field, before the cost
 model sees it. The cost model still checks every combination (`CostInputError`).
 
-The read schemas of jobs, trials, analyses and calibration are defined in `nas_service.reads`,
-below the HTTP layer (the modules that build the answers import them from there), and
-re-exported here."""
+The read schemas of jobs, trials, analyses and calibration are defined in
+`nas_service.results.reads`, below the HTTP layer (the modules that build the answers import
+them from there), and re-exported here."""
 
 from __future__ import annotations
 
@@ -29,51 +29,51 @@ from cost_model import (
     Parallelism,
     Workload,
 )
-from nas_service.db.models import TrialStatus
-from nas_service.reads import AxisSensitivityRead as AxisSensitivityRead
-from nas_service.reads import BestLrRead as BestLrRead
-from nas_service.reads import BestObservedRead as BestObservedRead
-from nas_service.reads import CalibrationGroupRead as CalibrationGroupRead
-from nas_service.reads import CalibrationPointRead as CalibrationPointRead
-from nas_service.reads import CalibrationRead as CalibrationRead
-from nas_service.reads import CalibrationSkipRead as CalibrationSkipRead
-from nas_service.reads import CompareRead as CompareRead
-from nas_service.reads import Compute as Compute
-from nas_service.reads import CrossoverRead as CrossoverRead
-from nas_service.reads import CrossValidationRead as CrossValidationRead
-from nas_service.reads import CurveRead as CurveRead
-from nas_service.reads import DepthPointRead as DepthPointRead
-from nas_service.reads import FixedViewRead as FixedViewRead
-from nas_service.reads import JobList as JobList
-from nas_service.reads import JobRead as JobRead
-from nas_service.reads import LandscapeJobRead as LandscapeJobRead
-from nas_service.reads import LandscapeRead as LandscapeRead
-from nas_service.reads import MemoryComparisonRead as MemoryComparisonRead
-from nas_service.reads import OptimumFitRead as OptimumFitRead
-from nas_service.reads import OptimumRead as OptimumRead
-from nas_service.reads import PairRead as PairRead
-from nas_service.reads import ParetoRead as ParetoRead
-from nas_service.reads import Progress as Progress
-from nas_service.reads import RungProgress as RungProgress
-from nas_service.reads import RungRead as RungRead
-from nas_service.reads import Scalar as Scalar
-from nas_service.reads import ScalingFitRead as ScalingFitRead
-from nas_service.reads import ScalingRead as ScalingRead
-from nas_service.reads import SensitivityRead as SensitivityRead
-from nas_service.reads import SettingRead as SettingRead
-from nas_service.reads import StepModelRead as StepModelRead
-from nas_service.reads import StoredOrSpec as StoredOrSpec
-from nas_service.reads import TrainRunRead as TrainRunRead
-from nas_service.reads import TrialList as TrialList
-from nas_service.reads import TrialRead as TrialRead
-from nas_service.reads import Value as Value
-from nas_service.reads import VariantSensitivityRead as VariantSensitivityRead
+from nas_service.results.reads import AxisSensitivityRead as AxisSensitivityRead
+from nas_service.results.reads import BestLrRead as BestLrRead
+from nas_service.results.reads import BestObservedRead as BestObservedRead
+from nas_service.results.reads import CalibrationGroupRead as CalibrationGroupRead
+from nas_service.results.reads import CalibrationPointRead as CalibrationPointRead
+from nas_service.results.reads import CalibrationRead as CalibrationRead
+from nas_service.results.reads import CalibrationSkipRead as CalibrationSkipRead
+from nas_service.results.reads import CompareRead as CompareRead
+from nas_service.results.reads import Compute as Compute
+from nas_service.results.reads import CrossoverRead as CrossoverRead
+from nas_service.results.reads import CrossValidationRead as CrossValidationRead
+from nas_service.results.reads import CurveRead as CurveRead
+from nas_service.results.reads import DepthPointRead as DepthPointRead
+from nas_service.results.reads import FixedViewRead as FixedViewRead
+from nas_service.results.reads import JobList as JobList
+from nas_service.results.reads import JobRead as JobRead
+from nas_service.results.reads import LandscapeJobRead as LandscapeJobRead
+from nas_service.results.reads import LandscapeRead as LandscapeRead
+from nas_service.results.reads import MemoryComparisonRead as MemoryComparisonRead
+from nas_service.results.reads import OptimumFitRead as OptimumFitRead
+from nas_service.results.reads import OptimumRead as OptimumRead
+from nas_service.results.reads import PairRead as PairRead
+from nas_service.results.reads import ParetoRead as ParetoRead
+from nas_service.results.reads import Progress as Progress
+from nas_service.results.reads import RungProgress as RungProgress
+from nas_service.results.reads import RungRead as RungRead
+from nas_service.results.reads import Scalar as Scalar
+from nas_service.results.reads import ScalingFitRead as ScalingFitRead
+from nas_service.results.reads import ScalingRead as ScalingRead
+from nas_service.results.reads import SensitivityRead as SensitivityRead
+from nas_service.results.reads import SettingRead as SettingRead
+from nas_service.results.reads import StepModelRead as StepModelRead
+from nas_service.results.reads import StoredOrSpec as StoredOrSpec
+from nas_service.results.reads import TrainRunRead as TrainRunRead
+from nas_service.results.reads import TrialList as TrialList
+from nas_service.results.reads import TrialRead as TrialRead
+from nas_service.results.reads import Value as Value
+from nas_service.results.reads import VariantSensitivityRead as VariantSensitivityRead
 from nas_service.spec.model import (
     MAX_DEVICES,
     MAX_GLOBAL_BATCH,
     MAX_MEMORY_CAP_BYTES,
     MAX_SEARCH_VIRTUAL,
 )
+from nas_service.store.tables import TrialStatus
 
 #: A text field's pattern: no NUL character (`routing.check_values` refuses one in any body;
 #: saying so in the schema keeps every schema-valid text acceptable).

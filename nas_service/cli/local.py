@@ -471,8 +471,8 @@ def _cmd_db(args: argparse.Namespace) -> int:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from nas_service.db import current, downgrade, head, upgrade
     from nas_service.settings import get_settings
+    from nas_service.store import current, downgrade, head, upgrade
 
     logging.getLogger("alembic").setLevel(logging.WARNING)
     url = args.url or get_settings().database_url
@@ -504,7 +504,7 @@ def _add_runner_parser(sub: Any) -> None:
 
 
 def _cmd_runner(args: argparse.Namespace) -> int:
-    from nas_service.runner import main as runner_main
+    from nas_service.runner.loop import main as runner_main
 
     return runner_main(list(args.args))
 

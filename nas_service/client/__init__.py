@@ -42,8 +42,8 @@ if TYPE_CHECKING:
         Sensitivity,
         Trials,
     )
-    from nas_service.db.models import JobStatus
     from nas_service.spec import JobSpec
+    from nas_service.store.tables import JobStatus
 
 __all__ = ["DEFAULT_URL", "Client", "ClientError", "Job", "ServiceUnavailable"]
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from alembic import context
 
-from nas_service.db.engine import make_engine
-from nas_service.db.migrate import VERSION_TABLE
-from nas_service.db.models import Base
+from nas_service.store.engine import make_engine
+from nas_service.store.migrate import VERSION_TABLE
+from nas_service.store.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -8,7 +8,7 @@ combination).
 
 A `fidelity` section makes the search multi-fidelity: rungs (fractions of each candidate's
 budget), the reduction factor, Hyperband brackets, and whether a promoted candidate resumes
-from its checkpoint (WSD only) or retrains; the rules themselves are `nas_service.fidelity`.
+from its checkpoint (WSD only) or retrains; the rules themselves are `nas_service.search.fidelity`.
 
 The same pydantic model is what the HTTP API accepts and what `depthscope submit` reads from
 YAML. `JobSpec` checks everything a spec can check on its own; `check_job(spec, settings)`

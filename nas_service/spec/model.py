@@ -46,7 +46,7 @@ BPB = "val_bpb"
 #: The cost metrics a constraint may cap: the report's, and with `cost.layout: auto` the
 #: best layout's (`cost_model.LAYOUT_METRICS`).
 #: The calibrated step time (`cost.calibration`): the roofline's terms with the efficiency
-#: factors fitted on measured trials (`nas_service.calibration`).
+#: factors fitted on measured trials (`nas_service.results.calibration`).
 CALIBRATED = "calibrated_step_time_s"
 COST_METRICS: tuple[str, ...] = (*METRICS, *LAYOUT_METRICS, CALIBRATED)
 OBJECTIVE_METRICS: tuple[str, ...] = (LOSS, BPB, *COST_METRICS)
@@ -525,7 +525,7 @@ class Training(_Strict):
     The training axes (`TRAINING_AXES`: lr, depth_lr_mult, warmup_frac, weight_decay) each
     take one value (fixed), choices or a range (`FloatRange`): searched, they are joint axes,
     study parameters under their own names (`CandidateSpace.study_axes`). A trial's values of
-    them are its setting (`nas_service.search.training_setting`); `depth_lr_mult` multiplies
+    them are its setting (`nas_service.search.study.training_setting`); `depth_lr_mult` multiplies
     the learning rate of the depth-mixing parameters only."""
 
     ARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({"vocab_size", "seq_len"})
@@ -866,7 +866,7 @@ class Fidelity(_Strict):
     smallest rung's share of its budget, and only the best 1/`reduction` of the results at a
     rung go on to the next (ASHA: as soon as they are among the best, asynchronously). With
     `brackets` > 1, Hyperband: bracket b's candidates start at rung b, trials spread over the
-    brackets in Hyperband's proportions (`nas_service.fidelity.bracket_of`).
+    brackets in Hyperband's proportions (`nas_service.search.fidelity.bracket_of`).
 
     `rungs` are fractions of each candidate's budget, strictly increasing, in (0, 1], the
     last exactly 1 (the full budget). `reuse`: `checkpoint` resumes a promoted candidate from
@@ -936,7 +936,7 @@ class JobSpec(_Strict):
     sampler: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
     # auto: one objective, the median rule at equal fractions of each candidate's budget: from
     # a third of it on, more than 1% above the median of at least 5 completed candidates of
-    # the same budget (`nas_service.pruning`); several objectives, `cannot_reach_front`.
+    # the same budget (`nas_service.search.pruning`); several objectives, `cannot_reach_front`.
     # median: Optuna's median rule at raw optimizer steps (right only when every candidate
     # trains the same number of steps).
     # pareto: `cannot_reach_front` (with one objective, no pruning). none: every candidate

@@ -8,10 +8,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from nas_service.db import Job, make_engine, make_sessionmaker, upgrade
-from nas_service.jobs import optuna_storage
-from nas_service.search import ATTR_LOST
+from nas_service.search.study import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
+from nas_service.store import Job, make_engine, make_sessionmaker, upgrade
+from nas_service.store.jobs import optuna_storage
 
 #: The service tests' tiny job: two depths, two widths, baseline and Block AttnRes (S = 1),
 #: trained in about a second per trial on the built-in corpus. Tests vary it with `|`.

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nas_service.analysis import (
+from nas_service.results.analysis import (
     compute_multiplier,
     dominates,
     fit_optimum,
@@ -240,8 +240,8 @@ def test_plots_are_written(tmp_path: Path) -> None:
 
 
 def test_scaling_by_variant_from_result_rows() -> None:
-    from nas_service.db import TrialStatus
-    from nas_service.results import JobResults, TrialRow, scaling_by_variant
+    from nas_service.results.answers import JobResults, TrialRow, scaling_by_variant
+    from nas_service.store import TrialStatus
 
     def row(number: int, variant: str, budget: float, loss: float) -> TrialRow:
         return TrialRow(
@@ -277,8 +277,8 @@ def test_results_are_read_again_at_most_every_fresh_s(tmp_path: Path) -> None:
 
     import optuna
 
-    from nas_service.jobs import optuna_storage
-    from nas_service.results import ResultsCache
+    from nas_service.results.answers import ResultsCache
+    from nas_service.store.jobs import optuna_storage
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     storage = optuna_storage(url)

@@ -172,7 +172,7 @@ def test_metrics_count_what_the_database_holds(client: TestClient) -> None:
     from prometheus_client.parser import text_string_to_metric_families
     from sqlalchemy import update
 
-    from nas_service.db import Job, TrialRun
+    from nas_service.store import Job, TrialRun
 
     ids = [client.post("/v1/jobs", json=SPEC | {"name": f"m{i}"}).json()["id"] for i in range(3)]
     assert client.post(f"/v1/jobs/{ids[0]}/cancel").status_code == 200

@@ -107,7 +107,7 @@ def test_a_database_outage_is_a_json_503(tmp_path: Path) -> None:
     pool has no connection to give (health says degraded); the cost model still answers."""
     from sqlalchemy import create_engine
 
-    from nas_service.db import make_engine, make_sessionmaker
+    from nas_service.store import make_engine, make_sessionmaker
 
     app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'o.db'}", max_trials=50))
     with TestClient(app, raise_server_exceptions=False) as c:

@@ -132,8 +132,8 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
     answer from them, and a new trial is seen by the next query (incremental refresh)."""
     import optuna
 
-    from nas_service.jobs import optuna_storage
     from nas_service.spec import parse_spec
+    from nas_service.store.jobs import optuna_storage
 
     spec = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 40}
     job = client.post("/v1/jobs", json=spec).json()
@@ -190,7 +190,7 @@ def test_progress_and_eta_count_finished_runs(client: TestClient) -> None:
 
     import optuna
 
-    from nas_service.jobs import optuna_storage
+    from nas_service.store.jobs import optuna_storage
 
     spec = SPEC | {"n_trials": 3, "seeds": 2, "tune": {"lr": [0.003, 0.01]}, "max_concurrent": 1}
     job = client.post("/v1/jobs", json=spec).json()
@@ -240,7 +240,7 @@ def test_runs_are_planned_per_variant(client: TestClient) -> None:
     a finished baseline trial then counts its own 2."""
     import optuna
 
-    from nas_service.jobs import optuna_storage
+    from nas_service.store.jobs import optuna_storage
 
     tune = {"lr": [0.003, 0.01], "depth_lr_mult": [0.1, 1.0, 10.0]}
     job = client.post("/v1/jobs", json=SPEC | {"n_trials": 4, "tune": tune}).json()

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 from cost_model import ArchConfig, Parallelism, Workload, get_hardware
 from cost_model.calibration import MIN_TRIALS
 from cost_model.timing import train_step_time
-from nas_service.calibration import preset_of, trial_points
-from nas_service.db import TrialOutcome, TrialStatus
-from nas_service.results import TrialRow
+from nas_service.results.answers import TrialRow
+from nas_service.results.calibration import preset_of, trial_points
+from nas_service.store import TrialOutcome, TrialStatus
 from tests.service.jobkit import TINY, setup, study_of
 
 #: Eight trials (the minimum for a fit), each in about a second: two depths, two widths, two
@@ -38,7 +38,7 @@ JOB: dict[str, Any] = TINY | {
 def trained(tmp_path_factory: pytest.TempPathFactory, ray_local: None) -> Iterator[tuple[str, str]]:
     """A finished job of `MIN_TRIALS` trials on the local Ray: (database URL, job id)."""
     from nas_service.jobs import submit
-    from nas_service.runner import Runner
+    from nas_service.runner.loop import Runner
 
     url = f"sqlite:///{tmp_path_factory.mktemp('calibration') / 'db.sqlite'}"
     settings, Session = setup(url)
@@ -120,7 +120,7 @@ def test_a_real_job_is_calibrated_against_the_trainers_own_step(
 
 
 def _job(url: str, job_id: str) -> Any:
-    from nas_service.db import Job, make_engine, make_sessionmaker
+    from nas_service.store import Job, make_engine, make_sessionmaker
 
     with make_sessionmaker(make_engine(url))() as s:
         job = s.get(Job, job_id)
@@ -230,7 +230,7 @@ def test_trial_points_median_of_runs_per_device_kind_and_skips() -> None:
 
 
 def test_below_the_minimum_a_group_says_how_many_more() -> None:
-    from nas_service.calibration import _group
+    from nas_service.results.calibration import _group
 
     rows = [row(i, [run(1000.0 + 100 * i)], d_model=16 * (i + 1)) for i in range(MIN_TRIALS - 3)]
     points, _ = trial_points("job", SPEC, rows)
@@ -256,7 +256,7 @@ def test_a_job_naming_the_calibrated_metric_takes_its_clusters_fit_at_submission
 ) -> None:
     """The fit of the cluster's measured trials on the job's hardware is stored with the job,
     and every candidate is priced by it: a·compute_s + b·memory_s + c of its own step."""
-    from nas_service.search import price_candidate
+    from nas_service.search.study import price_candidate
     from nas_service.spec import parse_spec
 
     url, _ = trained

@@ -290,7 +290,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def test_the_runner_gets_its_arguments_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
-    import nas_service.runner
+    import nas_service.runner.loop
 
     seen: list[list[str]] = []
 
@@ -298,7 +298,7 @@ def test_the_runner_gets_its_arguments_in_order(monkeypatch: pytest.MonkeyPatch)
         seen.append(argv)
         return 0
 
-    monkeypatch.setattr(nas_service.runner, "main", fake_main)
+    monkeypatch.setattr(nas_service.runner.loop, "main", fake_main)
     assert cli.main(["runner", "--cluster", "lab", "--forever"]) == 0
     assert cli.main(["runner"]) == 0
     assert seen == [["--cluster", "lab", "--forever"], []]

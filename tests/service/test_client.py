@@ -81,8 +81,8 @@ def _seed(client: Client, db_url: str, n: int = N_TRIALS) -> Job:
     (no runner: nothing trains), as the read-path tests do."""
     import optuna
 
-    from nas_service.jobs import optuna_storage
     from nas_service.spec import parse_spec
+    from nas_service.store.jobs import optuna_storage
 
     spec = SPEC | {"name": "client", "objectives": METRICS, "n_trials": 200}
     job = client.submit(spec)

@@ -10,7 +10,7 @@ import pytest
 from optuna.trial import TrialState
 
 from nas_service.jobs import submit
-from nas_service.runner import Runner
+from nas_service.runner.loop import Runner
 from tests.service.jobkit import TINY, counted, setup, study_of
 
 pytestmark = [

@@ -11,7 +11,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select
 
-from nas_service.db import (
+from nas_service.store import (
     VERSION_TABLE,
     Base,
     Job,

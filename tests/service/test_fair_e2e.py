@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from nas_service.analysis import fit_optimum
-from nas_service.landscape import load_landscape
+from nas_service.results.analysis import fit_optimum
+from nas_service.results.landscape import load_landscape
 from tests.service.apikit import cli
 from tests.service.jobkit import TINY
 

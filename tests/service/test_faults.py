@@ -28,9 +28,9 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.db import JobEvent, RunnerLease, TrialRun, make_engine, make_sessionmaker
-from nas_service.jobs import optuna_storage
-from nas_service.search import ATTR_LOST
+from nas_service.search.study import ATTR_LOST
+from nas_service.store import JobEvent, RunnerLease, TrialRun, make_engine, make_sessionmaker
+from nas_service.store.jobs import optuna_storage
 from tests.service import procs
 from tests.service.jobkit import TINY
 from tests.service.pg_private import PrivatePostgres

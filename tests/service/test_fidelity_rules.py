@@ -1,4 +1,4 @@
-"""The pure rules of multi-fidelity search (`nas_service.fidelity`): rung steps, Hyperband
+"""The pure rules of multi-fidelity search (`nas_service.search.fidelity`): rung steps, Hyperband
 brackets by trial number, non-dominated ranks, the promotion order, ASHA's ⌊n/η⌋ and the
 bound past which a result can never go on."""
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from nas_service.fidelity import (
+from nas_service.search.fidelity import (
     Result,
     Rung,
     bracket_of,

@@ -23,13 +23,13 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 
 from nas_service.api.app import create_app
-from nas_service.db import Job, JobEvent
-from nas_service.fidelity import Result, bracket_of, promotion_order
 from nas_service.jobs import submit
-from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
-from nas_service.runner import Runner
-from nas_service.search import ATTR_LOST, ATTR_TRAIN, price_candidate
+from nas_service.runner.loop import Runner
+from nas_service.search.fidelity import Result, bracket_of, promotion_order
+from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING, records
+from nas_service.search.study import ATTR_LOST, ATTR_TRAIN, price_candidate
 from nas_service.spec import JobSpec, parse_spec
+from nas_service.store import Job, JobEvent
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 from workers.contract import TrainSpec

@@ -32,9 +32,9 @@ from schemathesis.core.parameters import ParameterLocation
 from sqlalchemy import create_engine, text
 
 from nas_service.api.app import create_app
-from nas_service.db import upgrade
-from nas_service.jobs import optuna_storage
 from nas_service.settings import get_settings
+from nas_service.store import upgrade
+from nas_service.store.jobs import optuna_storage
 
 pytestmark = pytest.mark.slow
 
@@ -141,9 +141,9 @@ def stored_job(fuzzed: Fuzzed) -> str:
     """A job with 300 synthetic trials in its study (no training), for the job routes."""
     import optuna
 
-    from nas_service.db import make_engine, make_sessionmaker
     from nas_service.jobs import submit
     from nas_service.spec import parse_spec
+    from nas_service.store import make_engine, make_sessionmaker
     from tests.service.apikit import SPEC, _synthetic
 
     spec = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 40}

@@ -73,9 +73,9 @@ def _finished_job(url: str, db: str, n: int) -> str:
 
     from sqlalchemy import update
 
-    from nas_service.db import Job, JobStatus, make_engine, make_sessionmaker
-    from nas_service.jobs import optuna_storage
     from nas_service.spec import parse_spec
+    from nas_service.store import Job, JobStatus, make_engine, make_sessionmaker
+    from nas_service.store.jobs import optuna_storage
 
     answer = httpx.post(f"{url}/v1/jobs", json=SPEC, timeout=30)
     assert answer.status_code == 201, answer.text
@@ -133,7 +133,7 @@ def test_the_memo_is_bounded_in_bytes_least_recently_used_first() -> None:
     """Answers are kept while they fit in the memo's byte limit: many distinct large answers
     leave it within the limit, the most recent kept and the oldest gone; an answer larger
     than the whole limit is answered and not kept; one asked again stays."""
-    from nas_service.results import JobResults, approx_bytes
+    from nas_service.results.answers import JobResults, approx_bytes
 
     results = JobResults("s", ["val_loss"], memo_limit=1 << 20)
     calls: list[int] = []
@@ -158,9 +158,9 @@ def test_the_memo_is_bounded_in_bytes_least_recently_used_first() -> None:
 def test_the_cache_drops_the_tables_read_least_recently(tmp_path: Path) -> None:
     """Past `max_bytes`, the tables read least recently are dropped (never the one being
     read), and a dropped one is loaded again, whole, when it is read next."""
-    from nas_service.jobs import optuna_storage
-    from nas_service.results import ResultsCache, table_bytes
+    from nas_service.results.answers import ResultsCache, table_bytes
     from nas_service.spec import parse_spec
+    from nas_service.store.jobs import optuna_storage
 
     storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
     support: Any = _synthetic()
@@ -190,10 +190,10 @@ def _stored_row(db: str, spec: Any) -> str:
     is, never validated here, beside a real study."""
     import uuid
 
-    from nas_service.db import Job, make_engine, make_sessionmaker
-    from nas_service.jobs import optuna_storage
-    from nas_service.search import create_study
+    from nas_service.search.study import create_study
     from nas_service.spec import parse_spec
+    from nas_service.store import Job, make_engine, make_sessionmaker
+    from nas_service.store.jobs import optuna_storage
 
     job_id = str(uuid.uuid4())
     study_name = f"depthscope-{job_id}"
@@ -259,9 +259,9 @@ def test_a_stale_stored_spec_is_shown_with_its_reason_and_can_be_cancelled(
 def test_a_stale_stored_spec_fails_in_the_runner_with_the_reason(tmp_path: Path) -> None:
     """The runner fails a job whose stored spec this version no longer reads at once, with
     the same reason the API shows, and goes on with the others."""
-    from nas_service.db import Job
-    from nas_service.runner import Runner
+    from nas_service.runner.loop import Runner
     from nas_service.spec import read_stored
+    from nas_service.store import Job
     from tests.service.jobkit import setup
 
     db = f"sqlite:///{tmp_path / 'runner.db'}"

@@ -20,11 +20,12 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.db import Job, JobEvent, RunnerLease, TrialRun
-from nas_service.jobs import cancel, optuna_storage, submit
-from nas_service.runner import Runner
-from nas_service.search import ATTR_LOST, create_study
+from nas_service.jobs import cancel, submit
+from nas_service.runner.loop import Runner
+from nas_service.search.study import ATTR_LOST, create_study
 from nas_service.spec import parse_spec
+from nas_service.store import Job, JobEvent, RunnerLease, TrialRun
+from nas_service.store.jobs import optuna_storage
 from tests.service import jobkit
 from tests.service.jobkit import counted, setup, study_of
 from tests.service.procs import kill_session
@@ -119,7 +120,7 @@ def test_a_job_no_node_can_run_fails_with_the_reason(ray_local: None, sqlite_url
 def test_worker_errors_reach_users_as_one_clean_line(ray_local: None) -> None:
     import ray
 
-    from nas_service.failures import clean, describe
+    from nas_service.runner.failures import clean, describe
     from workers.data import CorpusError
 
     @ray.remote(max_retries=0)
@@ -333,7 +334,7 @@ def test_a_sigterm_after_connecting_ray_reaches_the_runners_handler(tmp_path: Pa
     script = textwrap.dedent(
         """
         import os, signal, sys, time
-        from nas_service.cluster import connect_ray, shutdown_ray
+        from nas_service.runner.cluster import connect_ray, shutdown_ray
         from nas_service.settings import ClusterSettings
 
         def stop(*_):
@@ -367,7 +368,7 @@ def test_workers_see_none_of_the_service_secrets(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import json, os, ray
-        from nas_service.cluster import connect_ray
+        from nas_service.runner.cluster import connect_ray
         from nas_service.settings import ClusterSettings
         connect_ray(ClusterSettings(num_cpus=1))
         env = ray.get(ray.remote(lambda: dict(os.environ)).remote())
@@ -428,7 +429,7 @@ def test_recovery_keeps_the_outcome_of_a_trial_told_before_the_runner_stopped(
 def test_an_outage_is_recognised_through_what_wraps_it(tmp_path: Path) -> None:
     """Optuna wraps the database's errors (StorageInternalError from an OperationalError):
     the runner and the API must still see an outage, not a bug (a 503, not a 500)."""
-    from nas_service.failures import is_database_outage
+    from nas_service.runner.failures import is_database_outage
 
     url = f"sqlite:///{tmp_path / 'gone' / 'x.db'}"  # a folder that does not exist
     storage_error = None

@@ -1,4 +1,4 @@
-"""A job recorded as a landscape (`GET /v1/jobs/{id}/landscape`, `nas_service.landscape`):
+"""A job recorded as a landscape (`GET /v1/jobs/{id}/landscape`, `nas_service.results.landscape`):
 every trial with its settings, runs and curve, the corpus identity; read back checked; and
 the landscape shipped in bench/landscapes/ (recorded from a real grid run) loads."""
 
@@ -13,8 +13,8 @@ import optuna
 import pytest
 from fastapi.testclient import TestClient
 
-from nas_service.jobs import optuna_storage
-from nas_service.landscape import FORMAT, VERSION, LandscapeError, load_landscape
+from nas_service.results.landscape import FORMAT, VERSION, LandscapeError, load_landscape
+from nas_service.store.jobs import optuna_storage
 from tests.service.apikit import ROOT, SPEC
 
 CORPUS = {"name": "stdlib-py3.11", "checksum": "d4d2", "n_tokens": 100}

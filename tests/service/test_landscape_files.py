@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nas_service.landscape import LandscapeError, load_landscape
+from nas_service.results.landscape import LandscapeError, load_landscape
 from tests.service.apikit import ROOT
 
 SHIPPED = ROOT / "bench/landscapes/crossover.json"

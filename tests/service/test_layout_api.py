@@ -18,7 +18,7 @@ from cost_model import (
     price,
     search_layout,
 )
-from nas_service.search import objective_values, price_candidate
+from nas_service.search.study import objective_values, price_candidate
 from nas_service.spec import SpecError, parse_spec
 from tests.service.apikit import error
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from cost_model import LAYOUT_METRICS, METRICS, search_layout
-from nas_service import search
 from nas_service.jobs import submit
-from nas_service.landscape import load_landscape
-from nas_service.runner import Runner
-from nas_service.search import ATTR_COSTS, Priced, price_candidate, prime_layouts
-from nas_service.simulated import SimulatedBackend
+from nas_service.results.landscape import load_landscape
+from nas_service.runner.loop import Runner
+from nas_service.runner.simulated import SimulatedBackend
+from nas_service.search import study as search
+from nas_service.search.study import ATTR_COSTS, Priced, price_candidate, prime_layouts
 from nas_service.spec import CALIBRATED, CandidateSpace, JobSpec, enumerate_candidates, parse_spec
 from tests.service.jobkit import setup
 

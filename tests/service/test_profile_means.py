@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from nas_service import profiles
+from nas_service.results import profiles
 from tests.service.test_profiles import arch, make_row, setting
 
 #: Wide seeds (one lucky, one not): mean 2.5, lowest seed 2.0.

@@ -1,6 +1,6 @@
 """Profiles over training settings, the fixed-setting view, sensitivity and paired comparisons,
-on synthetic trials whose truth is known (`nas_service.profiles`, and the optimum, Pareto and
-scaling queries of `nas_service.results` that read them)."""
+on synthetic trials whose truth is known (`nas_service.results.profiles`, and the optimum,
+Pareto and scaling queries of `nas_service.results.answers` that read them)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import numpy as np
 import optuna
 import pytest
 
-from nas_service import profiles
-from nas_service.db import TrialStatus
-from nas_service.results import (
+from nas_service.results import profiles
+from nas_service.results.answers import (
     JobResults,
     TrialRow,
     _row,
@@ -23,6 +22,7 @@ from nas_service.results import (
     pareto_rows,
     scaling_by_variant,
 )
+from nas_service.store import TrialStatus
 
 BUDGET = 1e15
 #: (d_model, n_layers) at d_model/L_b = 4, 8, …, 256
@@ -580,8 +580,8 @@ def test_every_query_reads_the_one_profile_of_the_job(monkeypatch: pytest.Monkey
     """The profile is computed once per state of the job and shared: the optimum (per
     variant and budget), Pareto, scaling and the paired comparison each filter the job's
     one profile, and each answer equals the profile of its own subset computed afresh."""
-    from nas_service import queries
-    from nas_service.results import _points
+    from nas_service.results import queries
+    from nas_service.results.answers import _points
 
     rows = landscape_rows(seeds=2)
     rows += paired_rows(lambda depth: -0.01, [2, 4, 8], seeds=2, noise=0.001)

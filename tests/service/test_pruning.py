@@ -1,8 +1,8 @@
-"""The default pruner (`pruner: auto`, `nas_service.pruning.FractionMedianPruner`): the median
-rule at equal fractions of the budget, with a warm-up and a minimum of completed peers.
+"""The default pruner (`pruner: auto`, `nas_service.search.pruning.FractionMedianPruner`):
+the median rule at equal fractions of the budget, with a warm-up and a minimum of completed peers.
 
 The runner tests replay a synthetic landscape with the real runner on the simulated backend
-(`nas_service.simulated`): the shipped WSD landscape's 12 architectures × 3 learning rates
+(`nas_service.runner.simulated`): the shipped WSD landscape's 12 architectures × 3 learning rates
 (at fixed compute their runs take 594 to 740 steps), every run's curve rewritten so that one
 run, the *winner*, is the worst of all for the first quarter of its budget and the best of
 all from a third on. The naive rule (`pruner: median`, Optuna's median at raw steps, the
@@ -23,8 +23,10 @@ from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.api.schemas import LandscapeRead
 from nas_service.jobs import submit
-from nas_service.landscape import load_landscape
-from nas_service.pruning import (
+from nas_service.results.landscape import load_landscape
+from nas_service.runner.loop import Runner
+from nas_service.runner.simulated import SimulatedBackend
+from nas_service.search.pruning import (
     FRACTION_SCALE,
     MARGIN,
     MIN_PEERS,
@@ -33,9 +35,7 @@ from nas_service.pruning import (
     fraction_step,
     value_at,
 )
-from nas_service.runner import Runner
-from nas_service.search import make_pruner
-from nas_service.simulated import SimulatedBackend
+from nas_service.search.study import make_pruner
 from nas_service.spec import parse_spec
 from tests.service.jobkit import counted, setup, study_of
 

@@ -11,8 +11,8 @@ from typing import Any
 import optuna
 import pytest
 
-from nas_service.jobs import optuna_storage
-from nas_service.results import JobResults, ResultsCache
+from nas_service.results.answers import JobResults, ResultsCache
+from nas_service.store.jobs import optuna_storage
 
 
 def test_concurrent_readers_of_a_changed_study_share_one_refresh(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_results_never_wait_for_the_pool_a_request_holds(tmp_path: Path) -> None
     a 10 s stall, then 503s)."""
     from sqlalchemy import select
 
-    from nas_service.db import TrialRun, make_engine, make_sessionmaker, upgrade
+    from nas_service.store import TrialRun, make_engine, make_sessionmaker, upgrade
 
     url = f"sqlite:///{tmp_path / 'r.db'}"
     upgrade(url)
@@ -160,7 +160,7 @@ def test_a_large_first_load_is_frozen_out_of_the_cycle_collector(
     leaves more than FREEZE_AFTER, they go to the collector's permanent generation (every
     later collection would walk them); a refresh that adds a few rows freezes nothing, and
     the collector is on afterwards."""
-    from nas_service import results as results_module
+    from nas_service.results import answers as results_module
     from tests.service.apikit import SPEC, _synthetic
 
     storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")

@@ -1,4 +1,4 @@
-"""The arithmetic of a fidelity job's rungs (`nas_service.rungs`): the expected compute of a
+"""The arithmetic of a fidelity job's rungs (`nas_service.search.rungs`): the expected compute of a
 candidate (the ETA of a job scales by it) pinned to hand-computed cases and to a simulation
 of the brackets through `rung_spec`, both reuse modes; the main-line stops of short runs."""
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from cost_model import ArchConfig
-from nas_service.fidelity import bracket_of, bracket_sizes, promotion_count, rung_steps
-from nas_service.rungs import expected_compute, rung_spec, rung_stops
+from nas_service.search.fidelity import bracket_of, bracket_sizes, promotion_count, rung_steps
+from nas_service.search.rungs import expected_compute, rung_spec, rung_stops
 from nas_service.settings import get_settings
 from nas_service.spec import JobSpec, SpecError, check_job, parse_spec
 from tests.service.apikit import error

@@ -20,11 +20,11 @@ from pydantic import SecretStr
 from sqlalchemy import select
 
 from cost_model import METRICS
-from nas_service.db import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
 from nas_service.jobs import submit
-from nas_service.runner import Runner
-from nas_service.search import ATTR_LOST
+from nas_service.runner.loop import Runner
+from nas_service.search.study import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
+from nas_service.store import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 

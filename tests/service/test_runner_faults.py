@@ -21,9 +21,9 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select, text
 
-from nas_service.db import Job, RunnerLease
 from nas_service.jobs import submit
-from nas_service.runner import Runner
+from nas_service.runner.loop import Runner
+from nas_service.store import Job, RunnerLease
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 from tests.service.test_faults import (
@@ -383,8 +383,8 @@ def test_how_a_runner_life_ended_is_told_from_its_processes(sqlite_url: str) -> 
     """`ended_how` on real processes of this host: a runner dead while its service lives
     died alone; one whose service died too died with it; one on a host since restarted (a
     boot id of another boot); one that said it stopped; one still alive."""
-    from nas_service.db import RunnerLife
-    from nas_service.lease import Life, boot_id, ended_how, holder_dead, process_start
+    from nas_service.store import RunnerLife
+    from nas_service.store.lease import Life, boot_id, ended_how, holder_dead, process_start
 
     _, Session = setup(sqlite_url)
     sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]

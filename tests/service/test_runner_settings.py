@@ -20,13 +20,14 @@ import pytest
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 
-from nas_service.db import Job, TrialRun
-from nas_service.jobs import optuna_storage, submit
-from nas_service.recovery import record_event, recover_job
-from nas_service.results import ResultsCache
-from nas_service.runner import Runner
-from nas_service.search import ATTR_LOST
+from nas_service.jobs import submit
+from nas_service.results.answers import ResultsCache
+from nas_service.runner.loop import Runner
+from nas_service.runner.recovery import record_event, recover_job
+from nas_service.search.study import ATTR_LOST
 from nas_service.spec import TRAINING_AXES
+from nas_service.store import Job, TrialRun
+from nas_service.store.jobs import optuna_storage
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 

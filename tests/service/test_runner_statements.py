@@ -1,5 +1,5 @@
 """The runner's database work per trial, counted in statements (deterministic, unlike time):
-on the simulated backend (`nas_service.simulated`) over a SQLite file, a job of 60 trials on
+on the simulated backend (`nas_service.runner.simulated`) over a SQLite file, a job of 60 trials on
 8 workers, then a runner stopped half way and a second one recovering its trials.
 
 What each bound keeps out (`bench/scale.py` measures the time; these the causes):
@@ -25,14 +25,14 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.engine import Engine
 
-from nas_service import runner as runner_module
-from nas_service.db import TrialRun
 from nas_service.jobs import submit
-from nas_service.landscape import load_landscape
-from nas_service.recovery import ATTR_RETRY_OF
-from nas_service.runner import JOB_LIST_REFRESH_S, Runner
-from nas_service.search import ATTR_COSTS, ATTR_LOST
-from nas_service.simulated import SimulatedBackend
+from nas_service.results.landscape import load_landscape
+from nas_service.runner import loop as runner_module
+from nas_service.runner.loop import JOB_LIST_REFRESH_S, Runner
+from nas_service.runner.recovery import ATTR_RETRY_OF
+from nas_service.runner.simulated import SimulatedBackend
+from nas_service.search.study import ATTR_COSTS, ATTR_LOST
+from nas_service.store import TrialRun
 from tests.service.jobkit import counted, setup, study_of
 from workers.contract import TrainResult
 

@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pytest
 
-from nas_service.search import grid_space, make_sampler, price_candidate, suggest
+from nas_service.search.study import grid_space, make_sampler, price_candidate, suggest
 from nas_service.spec import (
     CandidateSpace,
     Training,

@@ -1,4 +1,4 @@
-"""The simulated backend (`nas_service.simulated`): the real runner on a SQLite file replays
+"""The simulated backend (`nas_service.runner.simulated`): the real runner on a SQLite file replays
 the shipped crossover landscape (bench/landscapes/crossover.json) on a simulated clock — the
 recorded losses come back exactly, the clock's makespan is the work over the workers, queued
 runs start when a worker frees, cancel frees one, a lost worker is retried, the median pruner
@@ -18,12 +18,12 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.db import TrialRun
 from nas_service.jobs import submit
-from nas_service.landscape import load_landscape
-from nas_service.runner import Runner
-from nas_service.search import price_candidate
-from nas_service.simulated import SimulatedBackend, SimulatedLookupError, SimulatedWorkerLost
+from nas_service.results.landscape import load_landscape
+from nas_service.runner.loop import Runner
+from nas_service.runner.simulated import SimulatedBackend, SimulatedLookupError, SimulatedWorkerLost
+from nas_service.search.study import price_candidate
+from nas_service.store import TrialRun
 from tests.service.jobkit import counted, setup, study_of
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
@@ -236,7 +236,10 @@ def test_a_shorter_budget_and_a_segment_read_the_curve_part_way() -> None:
 
 
 def test_the_simulated_backend_never_loads_torch() -> None:
-    code = "import sys, nas_service.simulated\nprint('torch' in sys.modules, 'ray' in sys.modules)"
+    code = (
+        "import sys, nas_service.runner.simulated\n"
+        "print('torch' in sys.modules, 'ray' in sys.modules)"
+    )
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )

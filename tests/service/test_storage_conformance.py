@@ -1,8 +1,8 @@
 """Optuna's own storage conformance suite (`optuna.testing.pytest_storages.StorageTestCase`,
 shipped with the Optuna the project pins) run over the runner's storage
-(`nas_service.study_cache.OwnedTrials`) on SQLite and PostgreSQL: whatever the runner's cache
-changes, a reader and a writer see what Optuna's storage contract says. Each test has a
-timeout, so a deadlock (a lock taken twice) fails instead of hanging the run."""
+(`nas_service.store.optuna_storage.OwnedTrials`) on SQLite and PostgreSQL: whatever the
+runner's cache changes, a reader and a writer see what Optuna's storage contract says. Each
+test has a timeout, so a deadlock (a lock taken twice) fails instead of hanging the run."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from optuna.storages import BaseStorage
 from optuna.testing.pytest_storages import StorageTestCase
 from sqlalchemy import inspect, text
 
-from nas_service.db import make_engine
-from nas_service.jobs import optuna_storage
-from nas_service.optuna_compat import TESTED_OPTUNA, OptunaMismatch, check_optuna
-from nas_service.search import ATTR_LOST
-from nas_service.study_cache import OwnedTrials
+from nas_service.search.study import ATTR_LOST
+from nas_service.store import make_engine
+from nas_service.store.jobs import optuna_storage
+from nas_service.store.optuna_compat import TESTED_OPTUNA, OptunaMismatch, check_optuna
+from nas_service.store.optuna_storage import OwnedTrials
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -69,7 +69,7 @@ def test_the_runner_and_the_api_refuse_to_start_on_another_schema(
     from fastapi.testclient import TestClient
 
     from nas_service.api.app import create_app
-    from nas_service.runner import main
+    from nas_service.runner.loop import main
     from nas_service.settings import get_settings
 
     _optuna_tables_at(sqlite_url, "v9.9.9.z")

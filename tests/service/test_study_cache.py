@@ -1,5 +1,5 @@
-"""The runner's study cache (`nas_service.study_cache.OwnedTrials`) answers exactly what the
-database holds: after any sequence of the runner's own writes, its trials, its WAITING and
+"""The runner's study cache (`nas_service.store.optuna_storage.OwnedTrials`) answers exactly
+what the database holds: after any sequence of the runner's own writes, its trials, its WAITING and
 RUNNING lists and its finished count equal a fresh reader's, on a real SQLite database."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from nas_service.jobs import optuna_storage
-from nas_service.recovery import ATTR_RETRY_OF, ATTR_SUSPECT, _requeue
-from nas_service.runner import COUNTED, Runner
-from nas_service.search import ATTR_LOST, ATTR_OUTCOME
-from nas_service.study_cache import OwnedTrials
+from nas_service.runner.loop import COUNTED, Runner
+from nas_service.runner.recovery import ATTR_RETRY_OF, ATTR_SUSPECT, _requeue
+from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
+from nas_service.store.jobs import optuna_storage
+from nas_service.store.optuna_storage import OwnedTrials
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -372,7 +372,7 @@ def test_the_database_storage_under_a_cache_is_found(tmp_path: Path) -> None:
     bulk reads), for the runner's storage and Optuna's own cached one alike."""
     from optuna.storages import InMemoryStorage, get_storage
 
-    from nas_service.study_cache import rdb_storage
+    from nas_service.store.optuna_storage import rdb_storage
 
     rdb = optuna_storage(f"sqlite:///{tmp_path / 'db.sqlite'}")
     assert rdb_storage(rdb) is rdb

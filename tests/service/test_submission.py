@@ -210,8 +210,8 @@ def test_a_refusal_under_the_lock_stores_nothing(db_url: str, monkeypatch: Any) 
     """The limit is decided under the lock: a submission that passed the early count but
     finds the limit reached there is refused (JobLimitError), and its study is deleted."""
     import nas_service.jobs as jobs
-    from nas_service.db import make_engine, make_sessionmaker, upgrade
     from nas_service.settings import get_settings
+    from nas_service.store import make_engine, make_sessionmaker, upgrade
 
     upgrade(db_url)
     settings = get_settings(database_url=db_url, max_concurrent_jobs=1)

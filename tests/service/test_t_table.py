@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nas_service.analysis import t_quantile
+from nas_service.results.analysis import t_quantile
 
 LEVELS = (0.90, 0.95, 0.975, 0.99, 0.995)
 TABLE = {

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import pytest
 
-import nas_service.search as search
+import nas_service.search.study as search
 from cost_model import VARIANTS, ArchConfig, get_hardware, param_count, price
 from cost_model.residuals import DEPTH_MIXED, RESIDUALS
-from nas_service.search import (
+from nas_service.search.study import (
     TRAINING_AXES,
     grid_space,
     make_sampler,

@@ -22,11 +22,11 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from sqlalchemy import Engine, event
 
 from nas_service.api.app import create_app
-from nas_service.jobs import optuna_storage
-from nas_service.results import _row
+from nas_service.results.answers import _row
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
-from nas_service.trial_tables import StoredTrial, read_trials
+from nas_service.store.jobs import optuna_storage
+from nas_service.store.trial_tables import StoredTrial, read_trials
 from tests.service.apikit import SPEC, _synthetic
 
 JOB = SPEC | {"objectives": ["val_loss", "train_memory_bytes"], "n_trials": 60}

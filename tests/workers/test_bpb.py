@@ -7,7 +7,7 @@ import math
 import pytest
 
 from cost_model import ArchConfig
-from nas_service.search import train_summary
+from nas_service.search.study import train_summary
 from workers.contract import TrainSpec
 from workers.data import Corpus, load_corpus
 from workers.train import train

@@ -33,7 +33,7 @@ from sqlalchemy import CursorResult, delete, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.db import RunnerLease, RunnerLife
+from nas_service.store import RunnerLease, RunnerLife
 
 
 class LeaseLost(RuntimeError):

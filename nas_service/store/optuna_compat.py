@@ -1,7 +1,7 @@
 """The Optuna this version of the project was tested against, checked at start-up.
 
-The runner's storage (`nas_service.study_cache`) and the bulk reads and writes of Optuna's
-tables (`nas_service.trial_tables`) reach into Optuna's private classes and its table
+The runner's storage (`nas_service.store.optuna_storage`) and the bulk reads and writes of Optuna's
+tables (`nas_service.store.trial_tables`) reach into Optuna's private classes and its table
 definitions, which Optuna may change in any minor release. So the project pins the tested
 minor series (`pyproject.toml`), and the runner and the API refuse to start, with a message
 saying what differs, on another Optuna version or on a database whose Optuna tables are at
@@ -15,7 +15,7 @@ from __future__ import annotations
 import optuna
 from sqlalchemy import inspect, text
 
-from nas_service.db import make_engine
+from nas_service.store import make_engine
 
 #: The Optuna minor series the project was tested against (`pyproject.toml` pins it).
 TESTED_OPTUNA = (5, 1)

@@ -71,7 +71,7 @@ def make_engine(
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
-    from nas_service.db.session import track_writes
+    from nas_service.store.session import track_writes
 
     sessions = sessionmaker(engine, expire_on_commit=False)
     track_writes(sessions)

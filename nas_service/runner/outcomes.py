@@ -1,7 +1,7 @@
 """The trial half of the runner: launching a trial's training on Ray, recording each run
 and attempt (`ds_trial_runs`), and concluding a trial — pruned, diverged, completed, failed,
 retried after a lost worker, cancelled — always through `_tell` (outcome, reason, attributes,
-then the state or the values told to the study). `Runner` (`nas_service.runner`) builds on it.
+then the state or the values told to the study). `Runner` (`nas_service.runner.loop`) builds on it.
 
 A trial trains a *plan* of runs, one after the other (its concurrency slot stays one): for
 each setting s of `search.tune_settings(spec, params)` (one setting without a `tune` grid),
@@ -10,7 +10,7 @@ training axes and `seed = k`, so seed k of every trial sees the same batches and
 initialisation (seeds are paired across trials). After each finished run the trial's `train`
 attribute holds the runs finished so far, and the run's row is closed ("run i of n") after
 the next run's row is opened (same attempt), so a trial in flight always has one open row and
-readers of the job's run rows (`nas_service.results`) see the progress. A lost worker is
+readers of the job's run rows (`nas_service.results.answers`) see the progress. A lost worker is
 retried on the same run, `MAX_ATTEMPTS` per trial in all.
 
 The trial's result per setting s: the final validation losses of its seeds, L_s,k (None where
@@ -21,7 +21,7 @@ curve of s*'s seed 0. A diverged run gives its setting up (its remaining seeds a
 the trial is `diverged` when every setting was given up (with a single setting: its first
 diverged seed, as before a `tune` grid existed).
 
-Multi-fidelity (`JobSpec.fidelity`, `nas_service.rungs`): a flight is one rung of its trial;
+Multi-fidelity (`JobSpec.fidelity`, `nas_service.search.rungs`): a flight is one rung of its trial;
 each run is `rungs.rung_spec` of the candidate's, and a rung below the last ends in
 `_pause` instead of a tell: the rung's record (loss and objective vector, as a finished
 trial's would be) is kept in `rungs`, the trial waits (`waiting`) and its run row is closed
@@ -56,10 +56,9 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import insert, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from nas_service.backend import Backend
-from nas_service.db import EventKind, RunState, TrialOutcome, TrialRun
-from nas_service.failures import _task_cause, describe, is_database_outage
-from nas_service.rungs import (
+from nas_service.runner.backend import Backend
+from nas_service.runner.failures import _task_cause, describe, is_database_outage
+from nas_service.search.rungs import (
     ATTR_RUNGS,
     ATTR_WAITING,
     checkpoint_key,
@@ -67,7 +66,7 @@ from nas_service.rungs import (
     rung_spec,
     trial_prefix,
 )
-from nas_service.search import (
+from nas_service.search.study import (
     ATTR_CURVE,
     ATTR_LOST,
     ATTR_OUTCOME,
@@ -86,7 +85,8 @@ from nas_service.search import (
 from nas_service.settings import Settings
 from nas_service.spec import JobSpec
 from nas_service.spec.checks import _scrub
-from nas_service.study_cache import OwnedTrials, set_user_attrs, tell
+from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
+from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs, tell
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore, StoreError
 
@@ -367,7 +367,7 @@ class TrialOutcomes:
         self, job_id: str, number: int, reason: str, state: RunState = RunState.PRUNED
     ) -> None:
         """A waiting trial (no run open) was told: its last run row says so, so a reader of
-        the job's rows (`nas_service.results`) sees the change."""
+        the job's rows (`nas_service.results.answers`) sees the change."""
         with self.Session.begin() as s:
             run = s.scalars(
                 select(TrialRun)
@@ -513,9 +513,9 @@ class TrialOutcomes:
 
     def _pause(self, flight: Flight, attrs: dict[str, Any], loss: float) -> None:
         """A rung below the last is done: the trial keeps its record and waits for promotion
-        (`nas_service.rungs`). Its loss reported, then its attributes and the rung it waits at
-        in one transaction (a reader that sees it waiting sees its record), then its run row
-        closed; the previous rung's checkpoints are dropped (this rung's replace them)."""
+        (`nas_service.search.rungs`). Its loss reported, then its attributes and the rung it
+        waits at in one transaction (a reader that sees it waiting sees its record), then its run
+        row closed; the previous rung's checkpoints are dropped (this rung's replace them)."""
         trial, rung = flight.trial, flight.rung
         if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
             trial.report(loss, rung)

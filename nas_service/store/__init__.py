@@ -1,9 +1,17 @@
 """The service's database: its own tables (jobs, job events, trial runs) under Alembic
 migrations, beside Optuna's studies in the same database."""
 
-from nas_service.db.engine import make_engine, make_sessionmaker, normalise_url
-from nas_service.db.migrate import VERSION_TABLE, current, downgrade, head, upgrade
-from nas_service.db.models import (
+from nas_service.store.engine import make_engine, make_sessionmaker, normalise_url
+from nas_service.store.migrate import VERSION_TABLE, current, downgrade, head, upgrade
+from nas_service.store.session import (
+    commit,
+    on_rollback,
+    roll_back,
+    track_writes,
+    unit_of_work,
+    wrote,
+)
+from nas_service.store.tables import (
     ACTIVE_STATES,
     JOB_STATES,
     RUN_STATES,
@@ -19,7 +27,6 @@ from nas_service.db.models import (
     TrialRun,
     TrialStatus,
 )
-from nas_service.db.session import commit, on_rollback, roll_back, track_writes, unit_of_work, wrote
 
 __all__ = [
     "ACTIVE_STATES",

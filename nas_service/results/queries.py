@@ -21,8 +21,18 @@ from sqlalchemy.orm import Session
 
 from cost_model import Variant
 from cost_model.calibration import MIN_TRIALS
-from nas_service import analysis, profiles
-from nas_service.calibration import (
+from nas_service.results import analysis, profiles
+from nas_service.results.answers import (
+    JobResults,
+    ResultsCache,
+    TrialRow,
+    optimum_by_variant,
+    pareto_rows,
+    scaling_by_variant,
+)
+from nas_service.results.answers import job_results as job_results
+from nas_service.results.answers import stored_spec as stored_spec
+from nas_service.results.calibration import (
     SCOPES,
     Point,
     _cluster_jobs,
@@ -30,9 +40,7 @@ from nas_service.calibration import (
     plot_calibration,
     trial_points,
 )
-from nas_service.db import Job, JobStatus, TrialOutcome, TrialStatus
-from nas_service.jobs import cancel_job, get_job, list_jobs
-from nas_service.reads import (
+from nas_service.results.reads import (
     CalibrationRead,
     CalibrationSkipRead,
     CompareRead,
@@ -51,19 +59,11 @@ from nas_service.reads import (
     TrialList,
     TrialRead,
 )
-from nas_service.results import (
-    JobResults,
-    ResultsCache,
-    TrialRow,
-    optimum_by_variant,
-    pareto_rows,
-    scaling_by_variant,
-)
-from nas_service.results import job_results as job_results
-from nas_service.results import stored_spec as stored_spec
-from nas_service.rungs import expected_compute, rung_progress
-from nas_service.search import runs_of
+from nas_service.search.rungs import expected_compute, rung_progress
+from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
+from nas_service.store import Job, JobStatus, TrialOutcome, TrialStatus
+from nas_service.store.jobs import get_job, list_jobs
 
 log = logging.getLogger(__name__)
 
@@ -226,15 +226,6 @@ def new_job(job: Job) -> JobRead:
     return summarise(job, JobResults(job.study_name, stored_spec(job).objectives, []))
 
 
-def cancel(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
-    """Cancel the job (in `session`'s transaction) and show it. Its trials are read first,
-    so no read waits while the transaction holds the job's row."""
-    results = job_results(cache, get_job(session, job_id))
-    job = cancel_job(session, job_id)
-    cache.forget(("job", job_id))
-    return summarise(job, results)
-
-
 def read_job(session: Session, cache: ResultsCache, job_id: str) -> JobRead:
     job = job_row(session, cache, job_id)
     return summarise(job, job_results(cache, job))
@@ -344,9 +335,9 @@ def scaling(
 
 
 def landscape(session: Session, cache: ResultsCache, job_id: str) -> LandscapeRead:
-    """The job recorded as a landscape (`nas_service.landscape`): its spec and every trial
+    """The job recorded as a landscape (`nas_service.results.landscape`): its spec and every trial
     with its curve (a running job's as far as it got)."""
-    from nas_service.landscape import landscape as record
+    from nas_service.results.landscape import landscape as record
 
     job = job_row(session, cache, job_id)
     read = stored_spec(job)

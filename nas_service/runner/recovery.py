@@ -15,7 +15,7 @@
   finished after it started. After `max_trial_recoveries` suspect stops in a row its
   candidate is failed with the reason, counted, and not re-enqueued.
 
-  Which deaths count (`Stops`, from the runners' lives, `nas_service.lease`): each left
+  Which deaths count (`Stops`, from the runners' lives, `nas_service.store.lease`): each left
   trial belongs to the runner life that held the lease when it started. A life that ended
   gracefully (SIGTERM: a deploy, an operator's stop; its work done; its lease lost) wrote
   "stopped": no candidate caused that. One that wrote nothing was killed; on this host its
@@ -54,7 +54,10 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
-from nas_service.db import (
+from nas_service.runner.outcomes import conclude
+from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING, records
+from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
+from nas_service.store import (
     EventKind,
     Job,
     JobEvent,
@@ -64,12 +67,9 @@ from nas_service.db import (
     TrialOutcome,
     TrialRun,
 )
-from nas_service.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
-from nas_service.outcomes import conclude
-from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING, records
-from nas_service.search import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
-from nas_service.study_cache import OwnedTrials, after_trial, set_user_attrs
-from nas_service.trial_tables import studies_with_trials_in
+from nas_service.store.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
+from nas_service.store.optuna_storage import OwnedTrials, after_trial, set_user_attrs
+from nas_service.store.trial_tables import studies_with_trials_in
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ def _resume(
     progressed: dt.datetime | None,
     stops: Stops | None = None,
 ) -> bool:
-    """A multi-fidelity trial left running with rungs done (`nas_service.rungs`): one that
+    """A multi-fidelity trial left running with rungs done (`nas_service.search.rungs`): one that
     was training a rung when the runner stopped waits again at the last rung it finished (its
     runs of the lost rung dropped from `train`), so the promotion rule promotes it again and
     it resumes from that rung's checkpoints; one waiting already stays as it is. A trial the

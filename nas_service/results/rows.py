@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from nas_service.db import TrialOutcome, TrialStatus
 from nas_service.spec.space import encode_residual
+from nas_service.store import TrialOutcome, TrialStatus
 
 #: A training setting as a hashable key (its items sorted).
 SettingKey = tuple[tuple[str, float], ...]

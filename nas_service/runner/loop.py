@@ -2,17 +2,17 @@
 streams each candidate's validation losses back while it trains, prunes the hopeless,
 retries candidates whose worker died, and resumes after a crash. A trial trains every
 setting of its `tune` grid (one without) at every seed, one run after the other in its slot,
-and records each run as it finishes (`nas_service.outcomes`).
+and records each run as it finishes (`nas_service.runner.outcomes`).
 
 With a `fidelity` section (ASHA, Hyperband brackets) a slot that frees promotes the best
 waiting trial of the highest rung first, and asks a new trial only when none can go on;
 trials that can never be promoted are told pruned as soon as that is certain, and those
-still waiting when nothing else is left at the end (`nas_service.rungs`).
+still waiting when nothing else is left at the end (`nas_service.search.rungs`).
 
 Only this process touches the database; workers are stateless. A trial is done only when
 told to the study. A runner drives a cluster only while it holds the cluster's lease
-(`nas_service.lease`), so two runners never drive one cluster. On start it concludes what a
-stopped runner left running (`nas_service.recovery`), so a job finishes with exactly
+(`nas_service.store.lease`), so two runners never drive one cluster. On start it concludes what a
+stopped runner left running (`nas_service.runner.recovery`), so a job finishes with exactly
 `n_trials` counted trials, none duplicated, none lost.
 
 Faults stay where they happen: an exception while preparing, pricing, launching or
@@ -22,14 +22,14 @@ corpus, more CPUs per trial than any node has) is failed at once with the reason
 these stops the runner or another job. A database outage pauses the loop, which resumes
 where it was when the database answers again; an artifact store that fails a write pauses
 the job, which is retried with back-off and failed after `store_retries` faults in a row,
-never its candidates (`nas_service.outcomes`).
+never its candidates (`nas_service.runner.outcomes`).
 
-The runner records its life (`nas_service.lease.Life`): when it took the lease, when its
-Ray was ready (health reads it; `ray.init` has a deadline, `nas_service.cluster`), and how
+The runner records its life (`nas_service.store.lease.Life`): when it took the lease, when its
+Ray was ready (health reads it; `ray.init` has a deadline, `nas_service.runner.cluster`), and how
 it ended (a graceful stop, a crash), which recovery reads to blame a candidate only for a
 runner death it could have caused.
 
-Run it with `depthscope runner` (or `python -m nas_service.runner`).
+Run it with `depthscope runner` (or `python -m nas_service.runner.loop`).
 """
 
 from __future__ import annotations
@@ -49,26 +49,12 @@ import optuna
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.backend import Backend, RayBackend
-from nas_service.cluster import RayUnavailable, connect_ray, ray_init_pending
-from nas_service.db import (
-    EventKind,
-    Job,
-    JobEvent,
-    JobStatus,
-    RunState,
-    TrialOutcome,
-    make_engine,
-    make_sessionmaker,
-    upgrade,
-)
-from nas_service.failures import describe, is_database_outage
-from nas_service.jobs import active_jobs, optuna_storage
-from nas_service.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
-from nas_service.optuna_compat import check_optuna
-from nas_service.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
-from nas_service.recovery import Stops, jobs_to_recover, record_event, recover_job
-from nas_service.rungs import (
+from nas_service.runner.backend import Backend, RayBackend
+from nas_service.runner.cluster import RayUnavailable, connect_ray, ray_init_pending
+from nas_service.runner.failures import describe, is_database_outage
+from nas_service.runner.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
+from nas_service.runner.recovery import Stops, jobs_to_recover, record_event, recover_job
+from nas_service.search.rungs import (
     ATTR_RUNGS,
     ATTR_WAITING,
     Ladder,
@@ -79,7 +65,7 @@ from nas_service.rungs import (
     n_rungs,
     records,
 )
-from nas_service.search import (
+from nas_service.search.study import (
     ATTR_ARCH,
     ATTR_COSTS,
     ATTR_LOST,
@@ -93,7 +79,21 @@ from nas_service.search import (
 )
 from nas_service.settings import Settings, get_settings
 from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, read_stored
-from nas_service.study_cache import OwnedTrials, set_user_attrs
+from nas_service.store import (
+    EventKind,
+    Job,
+    JobEvent,
+    JobStatus,
+    RunState,
+    TrialOutcome,
+    make_engine,
+    make_sessionmaker,
+    upgrade,
+)
+from nas_service.store.jobs import active_jobs, optuna_storage
+from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
+from nas_service.store.optuna_compat import check_optuna
+from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
 from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
@@ -124,7 +124,7 @@ class Runner(TrialOutcomes):
     """Drives every active job on one Ray cluster (`cluster`, a name from the settings).
     With `watch_parent`, it stops when the process that started it dies (`depthscope serve`
     starts its runners so). `backend` runs the training (default: `RayBackend` on the
-    cluster; `nas_service.simulated.SimulatedBackend` replays a landscape)."""
+    cluster; `nas_service.runner.simulated.SimulatedBackend` replays a landscape)."""
 
     def __init__(
         self,
@@ -194,7 +194,7 @@ class Runner(TrialOutcomes):
 
     # -- recovery ------------------------------------------------------------------------
     def recover(self) -> int:
-        """Conclude what a stopped runner left running (see `nas_service.recovery`)."""
+        """Conclude what a stopped runner left running (see `nas_service.runner.recovery`)."""
         left = []
         for job in jobs_to_recover(self.Session, self.cluster):
             try:
@@ -405,7 +405,7 @@ class Runner(TrialOutcomes):
             if spec.fidelity is not None:
                 self.forget_checkpoints(job.id)
 
-    # -- multi-fidelity (nas_service.rungs) ----------------------------------------------
+    # -- multi-fidelity (nas_service.search.rungs) ----------------------------------------------
     def _ladder(self, active: ActiveJob, mine: list[Flight]) -> Ladder | None:
         """The job's rungs as its trials record them (None without fidelity)."""
         if active.spec.fidelity is None:
@@ -529,7 +529,7 @@ class Runner(TrialOutcomes):
         attributes and run row (with its number and parameters) are written with those of
         every trial asked in the same pass, at its end (`_record_asked`): a runner that dies
         before leaves a trial RUNNING, which the next runner's recovery re-enqueues as any
-        other (`nas_service.recovery`); a candidate never trained (infeasible, over a
+        other (`nas_service.runner.recovery`); a candidate never trained (infeasible, over a
         constraint) has no run row."""
         spec, study = active.spec, active.study
         trial = study.ask()

@@ -34,23 +34,23 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from nas_service import profiles
-from nas_service.analysis import (
+from nas_service.results import profiles
+from nas_service.results.analysis import (
     OptimumFit,
     compute_multiplier,
     fit_optimum,
     fit_scaling,
     pareto_front,
 )
-from nas_service.db import Job, TrialOutcome, TrialRun, TrialStatus
-from nas_service.rows import SettingKey as SettingKey
-from nas_service.rows import TrialRow as TrialRow
-from nas_service.rows import _finite, _loss_or_none
-from nas_service.rows import setting_key as setting_key
-from nas_service.rungs import ATTR_RUNGS, ATTR_WAITING
-from nas_service.search import ATTR_LOST, ATTR_OUTCOME
+from nas_service.results.rows import SettingKey as SettingKey
+from nas_service.results.rows import TrialRow as TrialRow
+from nas_service.results.rows import _finite, _loss_or_none
+from nas_service.results.rows import setting_key as setting_key
+from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING
+from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
 from nas_service.spec import StoredSpec, read_stored
-from nas_service.trial_tables import StoredTrial, read_trials
+from nas_service.store import Job, TrialOutcome, TrialRun, TrialStatus
+from nas_service.store.trial_tables import StoredTrial, read_trials
 
 log = logging.getLogger(__name__)
 

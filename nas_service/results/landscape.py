@@ -19,7 +19,7 @@ from typing import Any, Final
 
 from pydantic import BaseModel, ValidationError
 
-from nas_service.reads import LandscapeJobRead, LandscapeRead, TrialRead
+from nas_service.results.reads import LandscapeJobRead, LandscapeRead, TrialRead
 
 FORMAT: Final = "depthscope-landscape"
 VERSION = 1

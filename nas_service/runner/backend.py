@@ -1,10 +1,10 @@
 """Where the runner's training runs execute: the `Backend` protocol and `RayBackend`.
 
-The runner (`nas_service.runner`) decides what to train and records everything in the
+The runner (`nas_service.runner.loop`) decides what to train and records everything in the
 database; a backend only starts runs, says which have something to hand back, hands back
 their `EvalPoint`s and `TrainResult`, and stops them. `RayBackend` runs each on a Ray
 cluster as a streaming task (`workers.task.train_streaming`); the simulated backend
-(`nas_service.simulated`) replays a recorded landscape on a simulated clock, so the same
+(`nas_service.runner.simulated`) replays a recorded landscape on a simulated clock, so the same
 runner, sampler, pruner, fidelity logic and database can be measured at a scale no test
 machine has. Real runs always go through Ray.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from nas_service.cluster import connect_ray, largest_node, retryable, shutdown_ray
+from nas_service.runner.cluster import connect_ray, largest_node, retryable, shutdown_ray
 from nas_service.settings import ClusterSettings
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 

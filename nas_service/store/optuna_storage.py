@@ -10,7 +10,7 @@ measured 235 ms of runner time per trial with 50 workers and 520 ms with 100, wh
 runner at about 100 workers of 60-second trials.
 
 A runner owns the unfinished trials of the jobs it drives: it holds its cluster's lease
-(`nas_service.lease`), and nothing else writes a trial (the API writes jobs, never trials;
+(`nas_service.store.lease`), and nothing else writes a trial (the API writes jobs, never trials;
 recovery runs in the runner). So `OwnedTrials` writes to the database first (the source of
 truth) and then puts the same write into its cached copy (parameters, attributes,
 intermediate values); it re-reads an unfinished trial only after its state changed (the
@@ -52,7 +52,7 @@ from sqlalchemy import insert as sql_insert
 from sqlalchemy import select
 from sqlalchemy.dialects import postgresql, sqlite
 
-from nas_service.trial_tables import insert_trials, read_trials
+from nas_service.store.trial_tables import insert_trials, read_trials
 
 
 class OwnedTrials(_CachedStorage):

@@ -1,7 +1,7 @@
 """A trial's rungs in a multi-fidelity job (`JobSpec.fidelity`): the run of each rung, the
 record a trial keeps of each rung it trained, and the trials waiting for promotion. The
-rules themselves (brackets, promotion order, ⌊n/η⌋) are `nas_service.fidelity`'s; the runner
-(`nas_service.runner`, `nas_service.outcomes`) applies them.
+rules themselves (brackets, promotion order, ⌊n/η⌋) are `nas_service.search.fidelity`'s; the runner
+(`nas_service.runner.loop`, `nas_service.runner.outcomes`) applies them.
 
 A trial of bracket b trains rung b, then waits: its record of the rung (`ATTR_RUNGS`) holds
 the rung's loss (the best setting's mean over seeds, as a finished trial's) and its
@@ -35,7 +35,7 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from nas_service.fidelity import (
+from nas_service.search.fidelity import (
     Result,
     bracket_of,
     bracket_sizes,

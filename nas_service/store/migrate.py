@@ -12,7 +12,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from nas_service.db.engine import make_engine, normalise_url
+from nas_service.store.engine import make_engine, normalise_url
 
 VERSION_TABLE = "depthscope_alembic_version"
 MIGRATIONS = Path(__file__).resolve().parents[1] / "migrations"

@@ -62,7 +62,7 @@ from cost_model.hardware import Hardware
 from cost_model.report import grid_groups
 from cost_model.residuals import DEPTH_MIXED
 from cost_model.timing import train_step_time
-from nas_service.pruning import FractionMedianPruner, fraction_step
+from nas_service.search.pruning import FractionMedianPruner, fraction_step
 from nas_service.spec import (
     CALIBRATED,
     CandidateSpace,
@@ -114,7 +114,7 @@ def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
 
 def make_pruner(spec: JobSpec) -> optuna.pruners.BasePruner:
     """Single objective: `auto` is the median rule at equal fractions of the budget, with a
-    warm-up and a minimum of completed peers (`nas_service.pruning.FractionMedianPruner`; the
+    warm-up and a minimum of completed peers (`nas_service.search.pruning.FractionMedianPruner`; the
     runner reports at `report_step`); `median` is Optuna's `MedianPruner` at raw optimizer
     steps, the naive rule (a trial meets only trials of its own step count). Multi-objective
     jobs are pruned by the runner with `cannot_reach_front` (Optuna's pruners refuse several

@@ -51,8 +51,8 @@ from cost_model.calibration import (
 from cost_model.hardware import Hardware, RooflineTime
 from cost_model.memory import training_memory
 from cost_model.timing import train_step_time
-from nas_service.db import Job
-from nas_service.reads import (
+from nas_service.results.answers import ResultsCache, TrialRow, job_results
+from nas_service.results.reads import (
     CalibrationGroupRead,
     CalibrationPointRead,
     CalibrationRead,
@@ -61,8 +61,8 @@ from nas_service.reads import (
     MemoryComparisonRead,
     StepModelRead,
 )
-from nas_service.results import ResultsCache, TrialRow, job_results
-from nas_service.study_cache import rdb_storage
+from nas_service.store import Job
+from nas_service.store.optuna_storage import rdb_storage
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.
 CLUSTER_JOBS = 200

@@ -432,7 +432,7 @@ def plot_optimum(
 def plot_compare(answer: Mapping[str, Any], path: str) -> None:
     """The paired difference (variant − reference, in validation loss) against depth in
     sublayers, one series per variant (and budget, where several) of a comparison answer
-    (`nas_service.profiles.compare`), each depth's interval as an error bar, a line at zero
+    (`nas_service.results.profiles.compare`), each depth's interval as an error bar, a line at zero
     (below it: the variant's loss is lower) and the crossover depth dashed."""
     import matplotlib
 

@@ -1,5 +1,5 @@
-"""A simulated execution backend: the `Backend` protocol (`nas_service.backend`) answered
-from a recorded landscape (`nas_service.landscape`) on a simulated clock, without Ray and
+"""A simulated execution backend: the `Backend` protocol (`nas_service.runner.backend`) answered
+from a recorded landscape (`nas_service.results.landscape`) on a simulated clock, without Ray and
 without torch, so the real runner, sampler, pruner, fidelity logic and database can be
 measured on thousands of workers, or replay a search in seconds.
 
@@ -62,7 +62,7 @@ from typing import Any
 from cost_model import ArchConfig
 from cost_model.flops import training_flops_per_token
 from cost_model.residuals import DEPTH_MIXED
-from nas_service.reads import LandscapeRead, TrainRunRead, TrialRead
+from nas_service.store.records import LandscapeRead, TrainRunRead, TrialRead
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 Item = EvalPoint | TrainResult | BaseException

@@ -5,8 +5,8 @@ trials, through Optuna's own table definitions, decoded as its `RDBStorage` deco
 Optuna's storage builds an ORM object per stored row (a trial has one per parameter, value,
 attribute and intermediate value) and then a `FrozenTrial` per trial: about 0.4 ms per
 trial, so 15 s to read a study of 10,000 trials with their attributes. Two readers need a
-whole study at once: a job's results table (`nas_service.results`, on a first visit of its
-page) and the runner's storage (`nas_service.study_cache`, on its first read of a study,
+whole study at once: a job's results table (`nas_service.results.answers`, on a first visit of its
+page) and the runner's storage (`nas_service.store.optuna_storage`, on its first read of a study,
 which a restarted runner makes for every job it drives, while its workers wait).
 
 `read_trials` gives `StoredTrial`s: the fields a results table reads, the times naive UTC as

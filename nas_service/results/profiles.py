@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from nas_service.analysis import paired_interval
-from nas_service.db import TrialStatus
-from nas_service.rows import TrialRow
+from nas_service.results.analysis import paired_interval
+from nas_service.results.rows import TrialRow
 from nas_service.spec import TRAINING_AXES
+from nas_service.store import TrialStatus
 
 METHOD = "paired Student t over seeds, n-1 degrees of freedom"
 

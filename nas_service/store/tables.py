@@ -218,7 +218,7 @@ class RunnerLife(Base):
     """One runner process's life on a cluster, from its start to how it ended: what recovery
     reads to tell a runner-only crash (which a candidate may have caused) from a graceful
     stop or the death of its whole service or host (which no candidate caused), and what
-    health reads to say whether a runner's Ray is ready (`nas_service.lease`). Times are
+    health reads to say whether a runner's Ray is ready (`nas_service.store.lease`). Times are
     wall-clock seconds since the epoch; `pid_start` and `service_start` are the processes'
     start times in clock ticks since boot (`/proc/<pid>/stat`), which with `boot_id` name a
     process unambiguously on its host."""

@@ -8,19 +8,19 @@ re-exports every one of them, so the API and its OpenAPI document name the same 
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
-from typing_extensions import TypeAliasType
 
-from nas_service.db.models import JobStatus, TrialStatus
 from nas_service.spec import JobSpec
-
-#: A parameter or an architecture field: a number, a string, a flag or nothing.
-Scalar = int | float | str | bool | None
-#: A value of a nested report (the cost model's sections): scalars, lists and maps of them.
-Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
-
+from nas_service.store.records import LandscapeJobRead as LandscapeJobRead
+from nas_service.store.records import LandscapeRead as LandscapeRead
+from nas_service.store.records import RungRead as RungRead
+from nas_service.store.records import Scalar as Scalar
+from nas_service.store.records import SettingRead as SettingRead
+from nas_service.store.records import TrainRunRead as TrainRunRead
+from nas_service.store.records import TrialRead as TrialRead
+from nas_service.store.records import Value as Value
+from nas_service.store.tables import JobStatus
 
 #: A job's spec (`JobSpec`), or the mapping stored for a job whose spec this version no longer
 #: reads (`spec.read_stored`). A `JobSpec` instance is taken as it is (never validated again);
@@ -93,81 +93,6 @@ class JobList(BaseModel):
     total: int
     limit: int
     offset: int
-
-
-class TrainRunRead(BaseModel):
-    """One seed's training run as a trial keeps it (`search.train_summary`; the curve is
-    kept apart). A field missing from an older record is null."""
-
-    status: str | None = None  # completed | stopped | diverged
-    reason: str | None = None
-    final_val_loss: float | None = None  # null when not finite
-    best_val_loss: float | None = None
-    steps: int | None = None
-    tokens_seen: int | None = None
-    flops_spent: float | None = None
-    flops_budget: float | None = None
-    wall_time_s: float | None = None
-    tokens_per_s: float | None = None
-    peak_memory_bytes: int | None = None
-    memory_kind: str | None = None  # cuda_max_allocated | cpu_peak_rss
-    device: str | None = None
-    corpus: dict[str, Scalar] | None = None  # the corpus's identity (name, checksum, sizes)
-    seed: int | None = None  # the run's seed: seed k of every trial sees the same batches
-    setting: dict[str, float] | None = None  # lr, depth_lr_mult, warmup_frac, weight_decay
-    rung: int | None = None  # multi-fidelity: the rung this run trained (0-based)
-    curve: list[list[float | None]] | None = None  # [step, tokens, flops, val_loss] rows
-
-
-class RungRead(BaseModel):
-    """A rung a trial trained (multi-fidelity): its share of the budget, its loss there (the
-    best setting's mean over seeds, after the decay branch of a WSD rung), its objective
-    vector, the main line's steps and tokens, and whether it went on to the next rung."""
-
-    rung: int
-    fraction: float
-    loss: float | None = None
-    values: list[float | None] = Field(default_factory=list)
-    steps: int | None = None
-    tokens: int | None = None
-    given_up: list[int] = Field(default_factory=list)  # settings that diverged there
-    promoted: bool = False
-
-
-class SettingRead(BaseModel):
-    """One training setting a trial was trained at: its final validation loss per seed
-    (null where not finite or diverged) and their mean (null when any run diverged)."""
-
-    setting: dict[str, float]
-    losses: list[float | None]
-    mean: float | None
-
-
-class TrialRead(BaseModel):
-    """One Optuna trial of a job: its parameters, architecture, metrics and outcome."""
-
-    number: int
-    state: TrialStatus
-    outcome: str  # a `TrialOutcome`, or "" for a trial finished outside the runner
-    reason: str
-    variant: str
-    params: dict[str, Scalar]
-    arch: dict[str, Scalar]  # the `ArchConfig`'s fields; empty when none was built
-    metrics: dict[str, float | None]
-    values: list[float | None] | None
-    train: list[TrainRunRead]  # every run (setting × seed), in the order run
-    duration_s: float | None
-    budget: float | None
-    curve: list[list[float | None]] | None = None
-    #: the chosen training setting (a per-shape grid: the best by mean loss over seeds)
-    setting: dict[str, float] = Field(default_factory=dict)
-    #: every setting tried, with its per-seed losses
-    settings: list[SettingRead] = Field(default_factory=list)
-    #: the chosen setting's final validation loss per seed (index = seed)
-    seeds: list[float | None] = Field(default_factory=list)
-    #: multi-fidelity: every rung trained, and the rung it waits at (null: training or done)
-    rungs: list[RungRead] = Field(default_factory=list)
-    waiting: int | None = None
 
 
 class TrialList(BaseModel):
@@ -346,29 +271,7 @@ class SensitivityRead(BaseModel):
     variants: list[VariantSensitivityRead]
 
 
-class LandscapeJobRead(BaseModel):
-    id: str
-    name: str
-    status: JobStatus
-    study_name: str
-    objectives: list[str]
-    spec: JobSpec
-
-
-class LandscapeRead(BaseModel):
-    """A job recorded as a landscape (`nas_service.landscape`): its spec and every trial with
-    its parameters, architecture, costs, settings and per-seed runs (tokens, FLOPs, wall
-    time), and its evaluation curve; the corpus the runs read. What a simulated run of the
-    same search replays."""
-
-    format: Literal["depthscope-landscape"]
-    version: int
-    job: LandscapeJobRead
-    corpus: dict[str, Scalar] | None  # the identity every run reported (name, checksum, sizes)
-    trials: list[TrialRead]
-
-
-# -- calibration of the roofline (nas_service.calibration) ----------------------------------
+# -- calibration of the roofline (nas_service.results.calibration) ----------------------
 
 
 class StepModelRead(BaseModel):
@@ -453,7 +356,7 @@ class CalibrationSkipRead(BaseModel):
 
 class CalibrationRead(BaseModel):
     """`GET /v1/jobs/{id}/calibration`: per device kind, the fit of measured step times to
-    the roofline's terms and its cross-validated error (`nas_service.calibration`)."""
+    the roofline's terms and its cross-validated error (`nas_service.results.calibration`)."""
 
     job_id: str
     cluster: str

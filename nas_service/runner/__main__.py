@@ -1,0 +1,5 @@
+import sys
+
+from nas_service.runner.loop import main
+
+sys.exit(main())

@@ -1,0 +1,69 @@
+"""The jobs table read by the service's parts: a job by id, the active jobs, a page of jobs,
+and Optuna's storage in the same database. Writing jobs (submit, cancel) is `nas_service.jobs`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import optuna
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from nas_service.settings import Settings
+from nas_service.store.engine import SQLITE_BUSY_TIMEOUT_S, normalise_url, pool_kwargs
+from nas_service.store.tables import ACTIVE_STATES, Job, JobStatus
+
+#: A job id as the service makes them: `str(uuid.uuid4())`.
+JOB_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+def optuna_storage(url: str, settings: Settings | None = None) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage in the service's database (its pool bounded by `settings`)."""
+    kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_S}
+    else:
+        kwargs["pool_pre_ping"] = True
+    if settings is not None:
+        kwargs |= pool_kwargs(
+            url, settings.db_pool_size, settings.db_max_overflow, settings.db_pool_timeout_s
+        )
+    return optuna.storages.RDBStorage(normalise_url(url), engine_kwargs=kwargs)
+
+
+def valid_job_id(job_id: str) -> bool:
+    return JOB_ID.fullmatch(job_id) is not None
+
+
+def get_job(session: Session, job_id: str) -> Job:
+    """The job, or `JobNotFound`; an id that is not one the service makes (not a UUID, a NUL
+    byte, …) is not looked up at all."""
+    if not valid_job_id(job_id):
+        raise JobNotFound(job_id)
+    job = session.get(Job, job_id)
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def active_jobs(session: Session) -> list[Job]:
+    return list(
+        session.scalars(select(Job).where(Job.status.in_(ACTIVE_STATES)).order_by(Job.created_at))
+    )
+
+
+def list_jobs(
+    session: Session, status: JobStatus | None = None, limit: int = 50, offset: int = 0
+) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, optionally of one status, and how many there are."""
+    query = select(Job)
+    if status is not None:
+        query = query.where(Job.status == status)
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    page = session.scalars(query.order_by(Job.created_at.desc()).limit(limit).offset(offset))
+    return list(page), total
