@@ -45,9 +45,9 @@ def postgres_url() -> Iterator[str]:
 
 @pytest.fixture(params=["sqlite", "postgres"])
 def db_url(request: pytest.FixtureRequest) -> str:
-    """The storage suite runs over both backends."""
+    """The storage suite runs over both backends (the PostgreSQL cases carry the `postgres`
+    marker: `tests/conftest.py`)."""
     if request.param == "postgres":
-        request.applymarker(pytest.mark.postgres)
         return str(request.getfixturevalue("postgres_url"))
     return str(request.getfixturevalue("sqlite_url"))
 
