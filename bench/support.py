@@ -26,7 +26,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 
 from cost_model import ArchConfig, price
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
-from nas_service.store.trial_tables import insert_trials
+from nas_service.store.trial_tables import add_finished_trials
 
 
 def synthetic_trials(
@@ -81,20 +81,9 @@ def synthetic_trials(
 
 
 def store_trials(study: optuna.Study, trials: Sequence[FrozenTrial]) -> None:
-    """`trials` (finished, as `create_trial` makes them) added to `study` (on an
-    `RDBStorage`) as `study.add_trials(trials)` adds them: numbered after the study's
-    trials, with their times, values, parameters, user and system attributes and
-    intermediate values; one transaction, one bulk statement per table."""
-    storage = getattr(study._storage, "_backend", study._storage)  # under Optuna's cache
-    if not isinstance(storage, optuna.storages.RDBStorage):
-        raise TypeError("store_trials writes an RDBStorage's tables")
-    engine = storage.engine
-    study_id = study._study_id
-    for t in trials:
-        if not t.state.is_finished():
-            raise ValueError(f"trial {t.number}: only finished trials are stored in bulk")
-    with engine.begin() as conn:
-        insert_trials(conn, study_id, trials)
+    """`trials` (finished, as `create_trial` makes them) added to `study` in bulk
+    (`nas_service.store.trial_tables.add_finished_trials`)."""
+    add_finished_trials(study, trials)
 
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
