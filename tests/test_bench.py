@@ -308,3 +308,18 @@ def test_search_optuna_grid_peer_survives_an_exhausted_grid() -> None:
         trial.suggest_categorical("lr", lrs)
         study.tell(trial, float(k))
     assert len(study.trials) == 3
+
+
+def test_side_by_side_reads_nested_figures_and_fails_a_slower_commit() -> None:
+    from bench import side_by_side as sbs
+
+    flat = sbs.flatten({"first_visit": {"first_chart_ms": 120, "rows": [1, 2]}, "trials": 10})
+    assert flat == {"first_visit.first_chart_ms": 120, "first_visit.rows": [1, 2], "trials": 10}
+    assert sbs.figure(flat, "first_visit.first_chart_ms") == 120.0
+    assert sbs.figure(flat, "first_chart_ms") == 120.0  # the one key ending with it
+    assert sbs.figure(flat, "rows") is None  # not a number
+    assert sbs.verdict(1.04, "lower", 0.05) == "ok"
+    assert sbs.verdict(1.06, "lower", 0.05) == "WORSE"
+    assert sbs.verdict(0.96, "higher", 0.05) == "ok"
+    assert sbs.verdict(0.94, "higher", 0.05) == "WORSE"
+    assert sbs.verdict(None, "lower", 0.05) == "n/a"
