@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         med_a = statistics.median(row["base"]) if row["base"] else float("nan")
         med_b = statistics.median(row["new"]) if row["new"] else float("nan")
-        ratio = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
+        shown = f"{row['ratio']:.3f}" if row["ratio"] is not None else "n/a"
         print(
-            f"{row['bench']:10} {row['figure']:34} {med_a:14.4g} {med_b:14.4g} {ratio:>9}"
+            f"{row['bench']:10} {row['figure']:34} {med_a:14.4g} {med_b:14.4g} {shown:>9}"
             f"  {row['verdict']}"
         )
     if args.json:
