@@ -454,7 +454,13 @@ def _finite(x: Any) -> Any:
 
 
 def _pct(x: float) -> str:
-    return "∞" if x == math.inf else ("-" if math.isnan(x) else f"{100 * x:.0f}")
+    """A share in percent: whole percents, one decimal under 10% (a large space's top 1% is
+    reached with under 1% of its grid's compute)."""
+    if x == math.inf:
+        return "∞"
+    if math.isnan(x):
+        return "-"
+    return f"{100 * x:.1f}" if 100 * x < 10 else f"{100 * x:.0f}"
 
 
 def _cell(m: dict[str, float], missed: int) -> str:
