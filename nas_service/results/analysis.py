@@ -115,10 +115,9 @@ def _vertex_draws(x: np.ndarray, y: np.ndarray, draws: int, seed: int) -> tuple[
     (β̂ − β)/s is multivariate Student t with n − 3 degrees of freedom and scale (XᵀX)⁻¹; a
     draw is β̂ + s·L·z·√((n − 3)/χ²ₙ₋₃) with L Lᵀ = (XᵀX)⁻¹ and z standard normal (the
     posterior of β under the reference prior, Gelman et al., Bayesian Data Analysis, §14.2).
-    This replaced the percentile bootstrap over trials, which under-covered on a few shapes
-    (a nominal 90% interval held the true vertex in 79% of draws with 5 shapes, 86% with 7,
-    `tests/service/test_analysis.py`): resampling cannot see the noise between the points it
-    happens to draw, nor the uncertainty of the noise level itself."""
+    A percentile bootstrap over trials under-covers on a few shapes: resampling cannot see
+    the noise between the points it happens to draw, nor the uncertainty of the noise level
+    itself (the coverage is tested in the analysis tests)."""
     n = len(x)
     dof = n - 3
     if draws <= 0 or dof <= 0:

@@ -5,9 +5,8 @@ At fixed compute (a FLOPs budget) the candidates train different numbers of step
 model takes fewer, larger steps than a shallow one. Optuna's `MedianPruner` compares a trial
 with the completed trials that reported at the same *step*, so a trial meets only the runs
 of its own architecture (the rest report at other steps), and from its first evaluation on,
-when the learning-rate schedule has barely started. Replayed on the shipped WSD landscape
-(`bench/search_efficiency.py`), that rule pruned the eventual best in most seeds of every
-sampler: at 1/9 of its budget the best was the 5th of 9 runs of its architecture.
+when the learning-rate schedule has barely started: early in its budget, the eventual best
+is often not ahead of its own architecture's other runs.
 
 `FractionMedianPruner` compares where runs are comparable — at the same share of their own
 budget (the same point of every learning-rate schedule, warm-up, stable phase or decay):
@@ -31,8 +30,8 @@ budget (the same point of every learning-rate schedule, warm-up, stable phase or
   far above: there, a third of the way in, the upper quartile of the recorded runs is 4%
   above their median. Losses are cross-entropies, positive, so the margin is a share.
 
-`pruner: median` keeps Optuna's `MedianPruner` at raw steps (2 startup trials, no warm-up),
-the rule of earlier versions, for jobs where it is right (every candidate trains the same
+`pruner: median` keeps Optuna's `MedianPruner` at raw steps (2 startup trials, no warm-up)
+for jobs where it is right (every candidate trains the same
 number of steps: a token budget and one batch size) and as the naive peer of the benchmark.
 """
 

@@ -5,9 +5,8 @@ Optuna's `_CachedStorage` keeps finished trials and re-reads every unfinished on
 parameters and attributes) from the database on each `get_all_trials`, because another
 process may have changed it. A runner asks for trials several times per trial it runs
 (`study.ask` pops waiting trials, the loop counts the finished ones, samplers read the
-history), so with N trials in flight each trial cost O(N) rows read: `bench/scale.py`
-measured 235 ms of runner time per trial with 50 workers and 520 ms with 100, which caps a
-runner at about 100 workers of 60-second trials.
+history), so with N trials in flight each trial would cost O(N) rows read, which caps the
+number of workers one runner can keep busy.
 
 A runner owns the unfinished trials of the jobs it drives: it holds its cluster's lease
 (`nas_service.store.lease`), and nothing else writes a trial (the API writes jobs, never trials;
@@ -20,8 +19,8 @@ Several attributes of one trial go in one transaction (`set_user_attrs`). Use it
 process that holds the lease; every other reader keeps Optuna's storage.
 
 Two reads the runner makes on every pass of its loop would still cost O(trials recorded)
-(`bench/scale.py` measured the runner's time per trial growing with the study: 57 ms per
-trial over 20,000 trials, utilisation 89% at 1,000 workers): counting the finished trials,
+(the runner's time per trial would grow with the study; `bench/scale.py` measures it):
+counting the finished trials,
 and Optuna's `ask`, which lists the WAITING trials by filtering and sorting every cached
 trial. So the storage keeps, as trials enter its cache, a tally of its finished trials per
 state (a finished trial never changes again; one marked `uncounted` is tallied apart), and
