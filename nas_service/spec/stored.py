@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from nas_service.spec.model import JobSpec, SpecError, parse_spec
+from nas_service.spec.fields import SpecError
+from nas_service.spec.model import JobSpec, parse_spec
 
 #: The validation context of a stored spec: `CostContext` does not enumerate its layouts.
 STORED: dict[str, bool] = {"stored": True}
