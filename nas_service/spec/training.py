@@ -28,7 +28,7 @@ from nas_service.spec.fields import (
     _refuse,
     _Strict,
 )
-from workers.contract import Schedule
+from workers.contract import TRAIN_FIELDS, Schedule
 from workers.tokenizer import MAX_BPE_VOCAB, MIN_BPE_VOCAB
 
 #: The training fields that may be searched (the contract's training axes), in this order.
@@ -145,11 +145,21 @@ class BpeTokens(_Strict):
 Tokenizer = Annotated[ByteTokens | BpeTokens, Field(discriminator="kind")]
 
 
+def _train(name: str, **bounds: Any) -> Any:
+    """The field `name` of `TrainSpec` as the section declares it: the default and help of
+    its declaration (`workers.contract.TRAIN_FIELDS`: a job's default where it differs),
+    and the spec's bounds."""
+    declared = TRAIN_FIELDS[name]
+    return Field(default=declared.job_default, description=declared.help, **bounds)
+
+
 class Training(_Strict):
     """How every candidate is trained: `TrainSpec`'s fields of the same names, except
     `ARCH_FIELDS`, which go to the architecture (`base_arch`). seq_len, batch_size and threads
     are bounded by the operator's limits (`check_job`); the corpus is a name registered by the
-    operator or a path inside the data folder (`resolve_corpus`).
+    operator or a path inside the data folder (`resolve_corpus`). The fields that are
+    `TrainSpec`'s take their default and help from its declaration (`_train`:
+    `workers.contract.TRAIN_FIELDS`, which says which of its fields a job sets).
 
     The training axes (`TRAINING_AXES`: lr, depth_lr_mult, warmup_frac, weight_decay) each
     take one value (fixed), choices or a range (`FloatRange`): searched, they are joint axes,
@@ -159,22 +169,21 @@ class Training(_Strict):
 
     ARCH_FIELDS: ClassVar[frozenset[str]] = frozenset({"vocab_size", "seq_len"})
 
-    corpus: Text | None = Field(default=None, min_length=1, max_length=4096)  # None: built-in
-    # the field of a JSON Lines or Parquet record that holds its text
-    text_field: Text = Field(default="text", min_length=1, max_length=200)
+    corpus: Text | None = _train("corpus", min_length=1, max_length=4096)  # None: built-in
+    text_field: Text = _train("text_field", min_length=1, max_length=200)
     tokenizer: Tokenizer = Field(default_factory=ByteTokens)
     vocab_size: int = Field(default=256, ge=2, le=MAX_VOCAB)  # with a BPE: its vocab_size
     seq_len: int = Field(default=128, ge=2)
-    batch_size: int = Field(default=16, ge=1)
-    lr: TrainAxis = 3e-3
-    depth_lr_mult: TrainAxis = 1.0
-    schedule: Schedule = "cosine"
-    warmup_frac: TrainAxis = 0.05
-    decay_frac: float = Field(default=0.2, ge=0, lt=1)  # WSD's decay share (the last 20 %)
-    weight_decay: TrainAxis = 0.1
-    n_evals: int = Field(default=8, ge=1, le=MAX_EVALS)
-    eval_batches: int = Field(default=8, ge=1, le=MAX_EVALS)
-    threads: int | None = Field(default=None, ge=1)
+    batch_size: int = _train("batch_size", ge=1)
+    lr: TrainAxis = _train("lr")
+    depth_lr_mult: TrainAxis = _train("depth_lr_mult")
+    schedule: Schedule = _train("schedule")
+    warmup_frac: TrainAxis = _train("warmup_frac")
+    decay_frac: float = _train("decay_frac", ge=0, lt=1)
+    weight_decay: TrainAxis = _train("weight_decay")
+    n_evals: int = _train("n_evals", ge=1, le=MAX_EVALS)
+    eval_batches: int = _train("eval_batches", ge=1, le=MAX_EVALS)
+    threads: int | None = _train("threads", ge=1)
 
     @field_validator(*TRAINING_AXES, mode="before")
     @classmethod
