@@ -31,7 +31,6 @@ from nas_service.results.answers import (
     scaling_by_variant,
 )
 from nas_service.results.answers import job_results as job_results
-from nas_service.results.answers import stored_spec as stored_spec
 from nas_service.results.calibration import (
     SCOPES,
     Point,
@@ -64,6 +63,7 @@ from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 from nas_service.store import Job, JobStatus, TrialOutcome, TrialStatus
 from nas_service.store.jobs import get_job, list_jobs
+from nas_service.store.jobs import stored_spec as stored_spec
 
 log = logging.getLogger(__name__)
 
@@ -431,7 +431,8 @@ def calibration(
     for j in jobs:
         results = job_results(cache, j)
         found = results.memoised(
-            ("calibration_points",), functools.partial(trial_points, j.id, j.spec, results.rows)
+            ("calibration_points",),
+            functools.partial(trial_points, j.id, stored_spec(j).batch_size, results.rows),
         )
         points += found[0]
         skipped += found[1]

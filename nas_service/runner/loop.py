@@ -78,7 +78,7 @@ from nas_service.search.study import (
     tune_settings,
 )
 from nas_service.settings import Settings, get_settings
-from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, read_stored
+from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus
 from nas_service.store import (
     EventKind,
     Job,
@@ -90,7 +90,7 @@ from nas_service.store import (
     make_sessionmaker,
     upgrade,
 )
-from nas_service.store.jobs import active_jobs, optuna_storage
+from nas_service.store.jobs import active_jobs, optuna_storage, stored_spec
 from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.store.optuna_compat import check_optuna
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
@@ -163,7 +163,7 @@ class Runner(TrialOutcomes):
     # -- bookkeeping ---------------------------------------------------------------------
     def _job(self, job: Job) -> ActiveJob:
         if job.id not in self.jobs:
-            stored = read_stored(job.spec)  # as the API reads it, with the same reason
+            stored = stored_spec(job)  # as the API reads it, with the same reason
             if stored.spec is None:
                 raise JobBroken(f"the stored spec is no longer valid: {stored.reason}")
             spec = stored.spec
