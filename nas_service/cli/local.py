@@ -421,13 +421,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from nas_service.api.app import create_app
-    from nas_service.settings import get_settings
+    from nas_service.settings import LOCAL_CLUSTER, get_settings
 
     overrides: dict[str, Any] = {}
     if args.database_url:
         overrides["database_url"] = args.database_url
     settings = get_settings(**overrides)
-    local = ("local",) if "local" in settings.clusters else ()  # the operator may remove it
+    # the operator may remove the local cluster
+    local = (LOCAL_CLUSTER,) if LOCAL_CLUSTER in settings.clusters else ()
     app = create_app(settings, run_clusters=() if args.no_runner else local)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0

@@ -273,8 +273,8 @@ def _group(kind: str, points: list[Point]) -> CalibrationGroupRead:
 
 
 def _cluster_jobs(session: Session, cluster: str) -> list[Job]:
-    jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(CLUSTER_JOBS))
-    return [j for j in jobs if (j.spec or {}).get("cluster", "local") == cluster]
+    recent = select(Job).where(Job.cluster == cluster).order_by(Job.created_at.desc())
+    return list(session.scalars(recent.limit(CLUSTER_JOBS)))
 
 
 def plot_calibration(answer: CalibrationRead, path: str) -> None:

@@ -422,7 +422,7 @@ def calibration(
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     job = job_row(session, cache, job_id)
-    cluster = str((job.spec or {}).get("cluster", "local"))
+    cluster = job.cluster
     jobs = [job] if scope == "job" else _cluster_jobs(session, cluster)
     if scope == "cluster" and all(j.id != job.id for j in jobs):
         jobs.append(job)

@@ -18,6 +18,7 @@ from cost_model import (
     METRICS,
 )
 from cost_model.residuals import DEPTH_MIXED
+from nas_service.settings import LOCAL_CLUSTER, MAX_CLUSTER_NAME
 from nas_service.spec.budget import Budget, Fidelity
 from nas_service.spec.cost import CostContext
 from nas_service.spec.fields import (
@@ -82,7 +83,7 @@ class JobSpec(_Strict):
     training: Training = Field(default_factory=Training)
     tune: Tune | None = None
     cost: CostContext = Field(default_factory=CostContext)
-    cluster: Text = Field(default="local", min_length=1, max_length=100)
+    cluster: Text = Field(default=LOCAL_CLUSTER, min_length=1, max_length=MAX_CLUSTER_NAME)
     fidelity: Fidelity | None = None  # None: every candidate trains on its full budget
 
     @field_validator("objectives")

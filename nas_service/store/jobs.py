@@ -86,10 +86,12 @@ def get_job(session: Session, job_id: str) -> Job:
     return job
 
 
-def active_jobs(session: Session) -> list[Job]:
-    return list(
-        session.scalars(select(Job).where(Job.status.in_(ACTIVE_STATES)).order_by(Job.created_at))
-    )
+def active_jobs(session: Session, cluster: str | None = None) -> list[Job]:
+    """The pending and running jobs, oldest first; with `cluster`, that cluster's only."""
+    query = select(Job).where(Job.status.in_(ACTIVE_STATES))
+    if cluster is not None:
+        query = query.where(Job.cluster == cluster)
+    return list(session.scalars(query.order_by(Job.created_at)))
 
 
 def list_jobs(
