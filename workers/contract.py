@@ -68,6 +68,9 @@ class TrainSpec:
     input-dependent query projections, mHC-lite's coefficient projections, gates and biases,
     DenseFormer's weights; never weight-decayed), whose learning rate at every step is
     `depth_lr_mult` times the schedule's (0 freezes them at their initial values).
+
+    Each field's metadata gives its help and where it is set (`_user`, `_cli`, `_fixed`,
+    `_run`), read as `TRAIN_FIELDS`.
     """
 
     arch: ArchConfig = field(metadata=_run("the architecture (the CLI's flags: `--n-layers`, …)"))
@@ -344,11 +347,9 @@ def _train_field(f: dataclasses.Field[Any], hint: Any) -> TrainField:
 
 #: Every field of `TrainSpec`, in its order: the one declaration the job spec's training
 #: section (`nas_service.spec.Training`) and the flags of `depthscope train` are made from.
+_HINTS = get_type_hints(TrainSpec)
 TRAIN_FIELDS: dict[str, TrainField] = {
-    f.name: _train_field(f, hint)
-    for hints in (get_type_hints(TrainSpec),)
-    for f in dataclasses.fields(TrainSpec)
-    for hint in (hints[f.name],)
+    f.name: _train_field(f, _HINTS[f.name]) for f in dataclasses.fields(TrainSpec)
 }
 
 #: The `TrainSpec` fields a training trajectory depends on (`TrainSpec.fingerprint`).
