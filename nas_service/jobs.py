@@ -128,6 +128,7 @@ def submit_job(
         id=job_id,
         name=spec.name,
         spec=spec.model_dump(mode="json"),
+        cluster=spec.cluster,
         study_name=study_name,
         n_trials=spec.n_trials,
     )

@@ -87,6 +87,11 @@ def default_max_params(memory: int | None = None) -> float:
 
 
 #: A registered corpus name: a letter or underscore, then letters, digits, "_" or "-".
+#: The cluster of the service's own machine (a local Ray): where a job that names no cluster
+#: runs, while `Settings.local_cluster` is True.
+LOCAL_CLUSTER = "local"
+#: The longest cluster name a job may give (`JobSpec.cluster`, `ds_jobs.cluster`).
+MAX_CLUSTER_NAME = 100
 CORPUS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
 
@@ -168,10 +173,10 @@ class Settings(BaseSettings):
         """`local` is always a cluster while `local_cluster` is True (a default
         `ClusterSettings()` unless configured explicitly), and never when it is False."""
         if self.local_cluster:
-            if "local" not in self.clusters:
-                self.clusters = {"local": ClusterSettings(), **self.clusters}
-        elif "local" in self.clusters:
-            self.clusters = {k: v for k, v in self.clusters.items() if k != "local"}
+            if LOCAL_CLUSTER not in self.clusters:
+                self.clusters = {LOCAL_CLUSTER: ClusterSettings(), **self.clusters}
+        elif LOCAL_CLUSTER in self.clusters:
+            self.clusters = {k: v for k, v in self.clusters.items() if k != LOCAL_CLUSTER}
         return self
 
 

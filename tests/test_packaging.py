@@ -72,7 +72,7 @@ def test_db_upgrade_from_an_installed_wheel(tmp_path: Path) -> None:
     depthscope = venv / "bin" / "depthscope"
     run(depthscope, "db", "upgrade", cwd=elsewhere, env=env)
     assert run(depthscope, "db", "current", cwd=elsewhere, env=env).stdout.strip() == (
-        "0003 (head)"
+        "0004 (head)"
     )
     where = run(py, "-c", "import nas_service; print(nas_service.__file__)", cwd=elsewhere)
     assert str(venv) in where.stdout  # the installed package, not the checkout

@@ -11,7 +11,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from cost_model import ArchConfig, CostInputError, tokens_for_budget
 
@@ -26,6 +26,29 @@ class TrainSpecError(CostInputError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # survives pickling (it crosses Ray)
         return (type(self), (self.field, self.reason))
+
+
+#: Where a `TrainSpec` field is set, in its metadata (`TRAIN_FIELDS`): `job` (the job spec's
+#: `training` section has a field of that name; its value there, when not True, is the
+#: section's own default) and `cli` (`depthscope train` has a flag of that name).
+def _user(help: str, *, job: object = True, cli: bool = True) -> dict[str, Any]:
+    """A field the user sets: in the job spec's `training` section and as a flag."""
+    return {"help": help, "job": job, "cli": cli}
+
+
+def _cli(help: str) -> dict[str, Any]:
+    """A field of one run only: a flag of `depthscope train` (a job sets it itself)."""
+    return _user(help, job=False)
+
+
+def _fixed(help: str) -> dict[str, Any]:
+    """A field at its default everywhere (the trainer's constant)."""
+    return _user(help, job=False, cli=False)
+
+
+def _run(help: str) -> dict[str, Any]:
+    """A field set per run by whoever builds the spec (the runner, the CLI's own flags)."""
+    return _user(help, job=False, cli=False)
 
 
 @dataclass(frozen=True)
@@ -45,46 +68,93 @@ class TrainSpec:
     input-dependent query projections, mHC-lite's coefficient projections, gates and biases,
     DenseFormer's weights; never weight-decayed), whose learning rate at every step is
     `depth_lr_mult` times the schedule's (0 freezes them at their initial values).
+
+    Each field's metadata gives its help and where it is set (`_user`, `_cli`, `_fixed`,
+    `_run`), read as `TRAIN_FIELDS`.
     """
 
-    arch: ArchConfig
-    budget_flops: float | None = None
-    budget_tokens: int | None = None
-    batch_size: int = 16
-    lr: float = 3e-3
-    depth_lr_mult: float = 1.0  # the depth-mixing parameters' lr = depth_lr_mult · lr
-    schedule: Schedule = "cosine"
-    warmup_frac: float = 0.05
-    decay_frac: float = 0.2  # WSD only
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    grad_clip: float = 1.0
-    seed: int = 0
-    eval_interval: int | None = None
-    n_evals: int = 10
-    eval_batches: int = 8
-    corpus: str | None = None  # None: the built-in corpus
-    #: the folder `corpus` (then a relative path) is read beneath, no link followed: the
-    #: service's data folder (`workers.data.load_corpus`'s `root`); None: a caller's own path
-    corpus_root: str | None = None
-    val_fraction: float = 0.1
-    text_field: str = "text"  # the field of a JSON Lines / Parquet record holding its text
-    #: "byte" (one token per UTF-8 byte) or "bpe": a byte-level BPE of `tokenizer_vocab`
-    #: ids trained on the corpus's train split (`workers.tokenizer`); arch.vocab_size equals it
-    tokenizer: str = "byte"
-    tokenizer_vocab: int | None = None
-    device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False
-    threads: int | None = None  # torch intra-op threads (None: leave as is)
-    divergence_factor: float = 3.0  # loss above factor · ln(vocab) counts as exploding
-    start_step: int = 0  # > 0: resume the main line from checkpoint_in at this step
-    stop_step: int | None = None  # None: train to planned_steps()
-    checkpoint_in: str | None = None  # keys in the artifact store (built by the runner)
-    checkpoint_out: str | None = None
-    artifact_store: str | None = None  # the store's root: a folder or an fsspec URL
-    max_checkpoint_bytes: int = 2**30  # a larger checkpoint is refused, saved or loaded
+    arch: ArchConfig = field(metadata=_run("the architecture (the CLI's flags: `--n-layers`, …)"))
+    budget_flops: float | None = field(
+        default=None, metadata=_run("training FLOPs (the spec's budget; the CLI's --flops)")
+    )
+    budget_tokens: int | None = field(
+        default=None, metadata=_run("training tokens (the spec's budget; the CLI's --tokens)")
+    )
+    batch_size: int = field(default=16, metadata=_user("sequences per optimizer step"))
+    lr: float = field(default=3e-3, metadata=_user("peak learning rate"))
+    depth_lr_mult: float = field(
+        default=1.0,
+        metadata=_user("learning-rate multiplier of the depth-mixing parameters only"),
+    )
+    schedule: Schedule = field(default="cosine", metadata=_user("learning-rate schedule"))
+    warmup_frac: float = field(default=0.05, metadata=_user("share of the steps warming up"))
+    decay_frac: float = field(
+        default=0.2, metadata=_user("WSD only: share of the steps decaying at the end")
+    )
+    min_lr_ratio: float = field(default=0.1, metadata=_fixed("cosine's floor, of lr"))
+    weight_decay: float = field(default=0.1, metadata=_user("AdamW's weight decay"))
+    beta1: float = field(default=0.9, metadata=_fixed("AdamW's beta1"))
+    beta2: float = field(default=0.95, metadata=_fixed("AdamW's beta2"))
+    grad_clip: float = field(default=1.0, metadata=_fixed("gradient norm clip"))
+    seed: int = field(default=0, metadata=_cli("the run's seed (a job: its seeds)"))
+    eval_interval: int | None = field(
+        default=None, metadata=_cli("steps between evaluations (default: n_evals evenly)")
+    )
+    n_evals: int = field(
+        default=10, metadata=_user("evaluations, evenly spaced (a job's default: 8)", job=8)
+    )
+    eval_batches: int = field(default=8, metadata=_user("validation batches per evaluation"))
+    corpus: str | None = field(
+        default=None, metadata=_user("text file, folder or token file (default: built-in)")
+    )
+    corpus_root: str | None = field(
+        default=None,
+        metadata=_run(
+            "the folder `corpus` (then a relative path) is read beneath, no link followed: "
+            "the service's data folder (`workers.data.load_corpus`'s `root`); None: a "
+            "caller's own path"
+        ),
+    )
+    val_fraction: float = field(default=0.1, metadata=_fixed("share of the corpus held out"))
+    text_field: str = field(
+        default="text", metadata=_user("the field of a JSON Lines or Parquet record holding text")
+    )
+    tokenizer: str = field(
+        default="byte",
+        metadata=_user(
+            "byte (one token per UTF-8 byte) or bpe: a byte-level BPE of tokenizer_vocab ids "
+            "trained on the corpus's train split (`workers.tokenizer`; arch.vocab_size equals "
+            "it); the job spec's tokenizer section {kind, vocab_size} gives both",
+            cli=False,
+        ),
+    )
+    tokenizer_vocab: int | None = field(
+        default=None, metadata=_run("a BPE's ids (the job spec's tokenizer.vocab_size)")
+    )
+    device: str = field(default="auto", metadata=_cli("auto | cpu | cuda"))
+    compile: bool = field(default=False, metadata=_cli("torch.compile the model"))
+    threads: int | None = field(
+        default=None, metadata=_user("torch intra-op threads (default: leave as is)")
+    )
+    divergence_factor: float = field(
+        default=3.0, metadata=_fixed("a loss above factor · ln(vocab) counts as exploding")
+    )
+    start_step: int = field(
+        default=0, metadata=_run("> 0: resume the main line from checkpoint_in at this step")
+    )
+    stop_step: int | None = field(default=None, metadata=_run("None: train to planned_steps()"))
+    checkpoint_in: str | None = field(
+        default=None, metadata=_run("a key in the artifact store (made by the runner)")
+    )
+    checkpoint_out: str | None = field(
+        default=None, metadata=_run("a key in the artifact store (made by the runner)")
+    )
+    artifact_store: str | None = field(
+        default=None, metadata=_run("the store's root: a folder or an fsspec URL")
+    )
+    max_checkpoint_bytes: int = field(
+        default=2**30, metadata=_run("a larger checkpoint is refused, saved or loaded")
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.arch, ArchConfig):
@@ -231,6 +301,56 @@ class TrainSpec:
         text = json.dumps(fields, sort_keys=True, allow_nan=True)
         return hashlib.sha256(text.encode()).hexdigest()
 
+
+@dataclass(frozen=True)
+class TrainField:
+    """One field of `TrainSpec` as its declaration gives it: its type (`kind`: int, float,
+    str or bool; a Literal's values in `choices`), whether None is a value, its default and a
+    line of help; whether the job spec's `training` section has it (`job`, with the
+    section's default `job_default`) and whether `depthscope train` has a flag for it (`cli`)."""
+
+    name: str
+    kind: type
+    optional: bool
+    choices: tuple[str, ...]
+    default: Any  # dataclasses.MISSING for `arch`
+    help: str
+    job: bool
+    job_default: Any
+    cli: bool
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _train_field(f: dataclasses.Field[Any], hint: Any) -> TrainField:
+    optional = get_origin(hint) is not Literal and type(None) in get_args(hint)
+    if optional:  # `X | None`
+        hint = next(a for a in get_args(hint) if a is not type(None))
+    choices = tuple(str(v) for v in get_args(hint)) if get_origin(hint) is Literal else ()
+    kind = str if choices else hint
+    job = f.metadata["job"]
+    job_default = f.default if isinstance(job, bool) else job
+    return TrainField(
+        f.name,
+        kind,
+        optional,
+        choices,
+        f.default,
+        f.metadata["help"],
+        job is not False,
+        job_default,
+        f.metadata["cli"],
+    )
+
+
+#: Every field of `TrainSpec`, in its order: the one declaration the job spec's training
+#: section (`nas_service.spec.Training`) and the flags of `depthscope train` are made from.
+_HINTS = get_type_hints(TrainSpec)
+TRAIN_FIELDS: dict[str, TrainField] = {
+    f.name: _train_field(f, _HINTS[f.name]) for f in dataclasses.fields(TrainSpec)
+}
 
 #: The `TrainSpec` fields a training trajectory depends on (`TrainSpec.fingerprint`).
 TRAJECTORY_FIELDS = (

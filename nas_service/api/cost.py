@@ -23,7 +23,8 @@ from cost_model import (
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.routing import SECURED, ApiRoute
 from nas_service.api.schemas import CostRead, CostRequest
-from nas_service.spec.model import AUTO_LAYOUT_FIELDS, MAX_SEARCH_LAYOUTS
+from nas_service.spec.cost import AUTO_LAYOUT_FIELDS
+from nas_service.spec.fields import MAX_SEARCH_LAYOUTS
 
 router = APIRouter(prefix="/v1", tags=["cost"], route_class=ApiRoute, dependencies=SECURED)
 

@@ -67,7 +67,7 @@ from nas_service.results.reads import TrialList as TrialList
 from nas_service.results.reads import TrialRead as TrialRead
 from nas_service.results.reads import Value as Value
 from nas_service.results.reads import VariantSensitivityRead as VariantSensitivityRead
-from nas_service.spec.model import (
+from nas_service.spec.fields import (
     MAX_DEVICES,
     MAX_GLOBAL_BATCH,
     MAX_MEMORY_CAP_BYTES,

@@ -3,7 +3,7 @@ commands (`transport._request`) and the errors (`CliError`, `CliUsageError`) liv
 `transport.py`, below the commands' modules; the errors are re-exported here.
 
 - `arch`: the architecture flags, one per `cost_model.ArchConfig` field, and `--arch FILE`;
-- `local`: `cost`, `train`, `db`, `runner`, `serve`;
+- `local`: `cost`, `db`, `runner`, `serve`, and `train` (its own module, `train`);
 - `client`: `submit [--wait]`, `status`, `cancel`, `trials`, `pareto`, `optimum`, `compare`,
   `sensitivity`, `export`.
 
@@ -55,9 +55,9 @@ def __getattr__(name: str) -> Any:
     """The client's commands (`_cmd_submit`, `_follow`, …) as attributes of the package,
     imported when first asked for."""
     if name.startswith("_cmd_") or name == "_follow":
-        from nas_service.cli import client, local
+        from nas_service.cli import client, local, train
 
-        for module in (client, local):
+        for module in (client, local, train):
             if hasattr(module, name):
                 return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

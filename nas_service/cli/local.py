@@ -1,6 +1,7 @@
-"""`depthscope` commands that run here: `cost` (the cost model only), `train` (one candidate,
-torch), `db` (the schema), `runner` and `serve`. Each command imports what it needs when it
-runs, so that `depthscope cost` never imports torch, Ray or the database layer."""
+"""`depthscope` commands that run here: `cost` (the cost model only), `db` (the schema),
+`runner` and `serve`; `train` (one candidate, torch) is `cli.train`. Each command imports what
+it needs when it runs, so that `depthscope cost` never imports torch, Ray or the database
+layer."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import math
 import sys
 from typing import Any
 
+from nas_service.cli import train
 from nas_service.cli.arch import add_arch_args, add_cluster_args, arch_values, cluster_hardware
 
 
@@ -343,109 +345,6 @@ def _print_search(variant: str, found: Any, all_layouts: bool) -> None:
         )
 
 
-def _add_train_parser(sub: Any, arch: bool) -> None:
-    p = sub.add_parser(
-        "train",
-        help="train one candidate on a fixed budget",
-        description="Train one architecture for exactly its budget (FLOPs or tokens) and "
-        "print the result. Progress goes to stderr.",
-    )
-    if arch:
-        add_arch_args(p, many_variants=False)
-    run = p.add_argument_group("training")
-    budget = run.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--flops", type=float, help="training FLOPs budget (e.g. 3e13)")
-    budget.add_argument("--tokens", type=int, help="training tokens budget")
-    run.add_argument("--batch-size", type=int, default=16)
-    run.add_argument("--lr", type=float, default=3e-3)
-    run.add_argument("--schedule", default="cosine", help="cosine | wsd")
-    run.add_argument("--warmup-frac", type=float, default=0.05)
-    run.add_argument("--weight-decay", type=float, default=0.1)
-    run.add_argument(
-        "--depth-lr-mult",
-        type=float,
-        default=1.0,
-        help="learning-rate multiplier of the depth-mixing parameters only",
-    )
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--eval-interval", type=int, help="steps between evaluations")
-    run.add_argument("--eval-batches", type=int, default=8)
-    run.add_argument("--corpus", help="text file, folder or token file (default: built-in)")
-    run.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    run.add_argument("--threads", type=int, help="torch threads")
-    run.add_argument("--compile", action="store_true", help="torch.compile the model")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_train)
-
-
-def _cmd_train(args: argparse.Namespace) -> int:
-    from cost_model import ArchConfig, CostInputError
-
-    try:
-        arch = ArchConfig(**arch_values(args))  # before torch loads: a bad flag fails fast
-    except CostInputError as exc:
-        print(f"depthscope train: error: {exc}", file=sys.stderr)
-        return 2
-    from workers.contract import TrainSpec
-    from workers.data import CorpusError
-    from workers.train import train
-
-    try:
-        spec = TrainSpec(
-            arch=arch,
-            budget_flops=args.flops,
-            budget_tokens=args.tokens,
-            batch_size=args.batch_size,
-            lr=args.lr,
-            schedule=args.schedule,
-            warmup_frac=args.warmup_frac,
-            weight_decay=args.weight_decay,
-            depth_lr_mult=args.depth_lr_mult,
-            seed=args.seed,
-            eval_interval=args.eval_interval,
-            eval_batches=args.eval_batches,
-            corpus=args.corpus,
-            device=args.device,
-            threads=args.threads,
-            compile=args.compile,
-        )
-        bar = None
-        if not args.quiet:
-            from tqdm import tqdm  # type: ignore[import-untyped]
-
-            bar = tqdm(total=spec.planned_steps(), unit="step", file=sys.stderr, leave=True)
-
-        def progress(step: int, steps: int, loss: float) -> None:
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
-
-        def on_eval(point: Any) -> bool:
-            if bar is not None:
-                bar.write(f"step {point.step}: val_loss {point.val_loss:.4f}", file=sys.stderr)
-            return False
-
-        result = train(spec, on_eval=on_eval, on_step=progress)
-        if bar is not None:
-            bar.close()
-    except (CostInputError, CorpusError) as exc:
-        print(f"depthscope train: error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
-    else:
-        print(
-            f"{result.status}: {result.reason}\n"
-            f"final val_loss {result.final_val_loss:.4f} (best {result.best_val_loss:.4f})\n"
-            f"tokens {result.tokens_seen:,}  FLOPs {result.flops_spent:.3e}  "
-            f"wall {result.wall_time_s:.1f}s  {result.tokens_per_s:,.0f} tokens/s\n"
-            f"peak memory {result.peak_memory_bytes / 2**20:.0f} MiB ({result.memory_kind})  "
-            f"corpus {result.corpus.get('name')} {str(result.corpus.get('checksum'))[:12]}"
-        )
-    return 0 if result.status != "diverged" else 3
-
-
 def _add_db_parser(sub: Any) -> None:
     p = sub.add_parser(
         "db",
@@ -522,13 +421,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from nas_service.api.app import create_app
-    from nas_service.settings import get_settings
+    from nas_service.settings import LOCAL_CLUSTER, get_settings
 
     overrides: dict[str, Any] = {}
     if args.database_url:
         overrides["database_url"] = args.database_url
     settings = get_settings(**overrides)
-    local = ("local",) if "local" in settings.clusters else ()  # the operator may remove it
+    # the operator may remove the local cluster
+    local = (LOCAL_CLUSTER,) if LOCAL_CLUSTER in settings.clusters else ()
     app = create_app(settings, run_clusters=() if args.no_runner else local)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
@@ -538,7 +438,7 @@ def add_parsers(sub: Any, arch: bool = True) -> None:
     """The local commands; `arch=False` leaves out the architecture flags of `cost` and
     `train` (they import the cost model) for a run of another command."""
     _add_cost_parser(sub, arch)
-    _add_train_parser(sub, arch)
+    train.add_parser(sub, arch)
     _add_db_parser(sub)
     _add_runner_parser(sub)
     _add_serve_parser(sub)

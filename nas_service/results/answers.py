@@ -48,8 +48,8 @@ from nas_service.results.rows import _finite, _loss_or_none
 from nas_service.results.rows import setting_key as setting_key
 from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING
 from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
-from nas_service.spec import StoredSpec, read_stored
 from nas_service.store import Job, TrialOutcome, TrialRun, TrialStatus
+from nas_service.store.jobs import stored_spec
 from nas_service.store.trial_tables import StoredTrial, read_trials
 
 log = logging.getLogger(__name__)
@@ -736,31 +736,6 @@ def scaling_by_variant(
                 if v != reference
             }
     return out
-
-
-#: Stored specs read back, per job id, at most (`stored_spec`).
-STORED_SPECS = 4096
-_stored: collections.OrderedDict[str, StoredSpec] = collections.OrderedDict()
-_stored_lock = threading.Lock()
-
-
-def stored_spec(job: Job) -> StoredSpec:
-    """The job's spec as stored, read back (`spec.read_stored`: never the layout search of
-    `layout: auto`, counted at submission) once per process: a job's spec never changes
-    after its submission. A row this version no longer reads carries the reason."""
-    with _stored_lock:
-        hit = _stored.get(job.id)
-        if hit is not None:
-            _stored.move_to_end(job.id)
-            return hit
-    read = read_stored(job.spec)
-    if read.spec is None:
-        log.warning("job %s: its stored spec is no longer valid: %s", job.id, read.reason)
-    with _stored_lock:
-        _stored[job.id] = read
-        while len(_stored) > STORED_SPECS:
-            _stored.popitem(last=False)
-    return read
 
 
 def job_results(cache: ResultsCache, job: Job) -> JobResults:

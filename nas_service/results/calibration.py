@@ -62,6 +62,7 @@ from nas_service.results.reads import (
     StepModelRead,
 )
 from nas_service.store import Job
+from nas_service.store.jobs import stored_spec
 from nas_service.store.optuna_storage import rdb_storage
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.
@@ -91,11 +92,10 @@ def compute_dtype(device_kind: str) -> str:
     return "float32" if device_kind == "cpu" else "bfloat16"
 
 
-def trainer_workload(spec: dict[str, Any], arch: dict[str, Any]) -> Workload:
-    """The step the worker ran: `training.batch_size` sequences of the architecture's
-    `seq_len`, one micro-batch."""
-    batch = int((spec.get("training") or {}).get("batch_size", 16))
-    return Workload(micro_batch=batch, seq_len=int(arch["seq_len"]), microbatches=1)
+def trainer_workload(batch_size: int, arch: dict[str, Any]) -> Workload:
+    """The step the worker ran: `batch_size` sequences (the job's `training.batch_size`,
+    `StoredSpec.batch_size`) of the architecture's `seq_len`, one micro-batch."""
+    return Workload(micro_batch=batch_size, seq_len=int(arch["seq_len"]), microbatches=1)
 
 
 @dataclass
@@ -128,10 +128,11 @@ def _median_int(values: list[Any]) -> int | None:
 
 
 def trial_points(
-    job_id: str, spec: dict[str, Any], rows: list[TrialRow]
+    job_id: str, batch_size: int, rows: list[TrialRow]
 ) -> tuple[list[Point], list[CalibrationSkipRead]]:
-    """Every trial with measured runs, one `Point` per device kind it ran on; the trials
-    that have runs but cannot be compared, with why."""
+    """Every trial with measured runs of a job training `batch_size` sequences per step, one
+    `Point` per device kind it ran on; the trials that have runs but cannot be compared, with
+    why."""
     points: list[Point] = []
     skipped: list[CalibrationSkipRead] = []
     for row in rows:
@@ -142,7 +143,7 @@ def trial_points(
             if isinstance(run, dict):
                 by_kind.setdefault(device_kind(run), []).append(run)
         try:
-            workload = trainer_workload(spec, row.arch)
+            workload = trainer_workload(batch_size, row.arch)
             base = ArchConfig(**row.arch)
         except (CostInputError, TypeError, KeyError, ValueError) as exc:
             reason = f"its architecture or training cannot be priced: {exc}"
@@ -272,8 +273,8 @@ def _group(kind: str, points: list[Point]) -> CalibrationGroupRead:
 
 
 def _cluster_jobs(session: Session, cluster: str) -> list[Job]:
-    jobs = session.scalars(select(Job).order_by(Job.created_at.desc()).limit(CLUSTER_JOBS))
-    return [j for j in jobs if (j.spec or {}).get("cluster", "local") == cluster]
+    recent = select(Job).where(Job.cluster == cluster).order_by(Job.created_at.desc())
+    return list(session.scalars(recent.limit(CLUSTER_JOBS)))
 
 
 def plot_calibration(answer: CalibrationRead, path: str) -> None:
@@ -339,7 +340,7 @@ def cluster_fit(
     cache = ResultsCache(rdb_storage(storage))
     points: list[Point] = []
     for job in _cluster_jobs(session, cluster):
-        found, _ = trial_points(job.id, job.spec, job_results(cache, job).rows)
+        found, _ = trial_points(job.id, stored_spec(job).batch_size, job_results(cache, job).rows)
         points += [p for p in found if p.hardware == hardware]
     kinds = tuple(sorted({p.device_kind for p in points}))
     if len(points) < MIN_TRIALS:

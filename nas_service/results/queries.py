@@ -31,7 +31,6 @@ from nas_service.results.answers import (
     scaling_by_variant,
 )
 from nas_service.results.answers import job_results as job_results
-from nas_service.results.answers import stored_spec as stored_spec
 from nas_service.results.calibration import (
     SCOPES,
     Point,
@@ -64,6 +63,7 @@ from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 from nas_service.store import Job, JobStatus, TrialOutcome, TrialStatus
 from nas_service.store.jobs import get_job, list_jobs
+from nas_service.store.jobs import stored_spec as stored_spec
 
 log = logging.getLogger(__name__)
 
@@ -422,7 +422,7 @@ def calibration(
     if scope not in SCOPES:
         raise ValueError(f"scope must be one of {SCOPES}, got {scope!r}")
     job = job_row(session, cache, job_id)
-    cluster = str((job.spec or {}).get("cluster", "local"))
+    cluster = job.cluster
     jobs = [job] if scope == "job" else _cluster_jobs(session, cluster)
     if scope == "cluster" and all(j.id != job.id for j in jobs):
         jobs.append(job)
@@ -431,7 +431,8 @@ def calibration(
     for j in jobs:
         results = job_results(cache, j)
         found = results.memoised(
-            ("calibration_points",), functools.partial(trial_points, j.id, j.spec, results.rows)
+            ("calibration_points",),
+            functools.partial(trial_points, j.id, stored_spec(j).batch_size, results.rows),
         )
         points += found[0]
         skipped += found[1]

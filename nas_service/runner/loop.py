@@ -77,8 +77,8 @@ from nas_service.search.study import (
     suggest,
     tune_settings,
 )
-from nas_service.settings import Settings, get_settings
-from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus, read_stored
+from nas_service.settings import LOCAL_CLUSTER, Settings, get_settings
+from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus
 from nas_service.store import (
     EventKind,
     Job,
@@ -90,7 +90,7 @@ from nas_service.store import (
     make_sessionmaker,
     upgrade,
 )
-from nas_service.store.jobs import active_jobs, optuna_storage
+from nas_service.store.jobs import active_jobs, optuna_storage, stored_spec
 from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.store.optuna_compat import check_optuna
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
@@ -129,7 +129,7 @@ class Runner(TrialOutcomes):
     def __init__(
         self,
         settings: Settings,
-        cluster: str = "local",
+        cluster: str = LOCAL_CLUSTER,
         watch_parent: bool = False,
         backend: Backend | None = None,
     ):
@@ -163,7 +163,7 @@ class Runner(TrialOutcomes):
     # -- bookkeeping ---------------------------------------------------------------------
     def _job(self, job: Job) -> ActiveJob:
         if job.id not in self.jobs:
-            stored = read_stored(job.spec)  # as the API reads it, with the same reason
+            stored = stored_spec(job)  # as the API reads it, with the same reason
             if stored.spec is None:
                 raise JobBroken(f"the stored spec is no longer valid: {stored.reason}")
             spec = stored.spec
@@ -325,7 +325,7 @@ class Runner(TrialOutcomes):
         now = time.monotonic()
         if self._listed is None or now - self._listed_at >= JOB_LIST_REFRESH_S:
             with self.Session() as s:
-                jobs = [j for j in active_jobs(s) if j.spec.get("cluster") == self.cluster]
+                jobs = active_jobs(s, self.cluster)
                 cancelled = set(s.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLED)))
             self._listed, self._listed_at = (jobs, cancelled), now
         return self._listed
@@ -600,7 +600,7 @@ class Runner(TrialOutcomes):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="depthscope runner", description=__doc__.splitlines()[0])
-    parser.add_argument("--cluster", default="local", help="a cluster name from the settings")
+    parser.add_argument("--cluster", default=LOCAL_CLUSTER, help="a cluster name from the settings")
     parser.add_argument("--database-url", help="default: DEPTHSCOPE_DATABASE_URL")
     parser.add_argument("--forever", action="store_true", help="keep polling for new jobs")
     parser.add_argument("--timeout", type=float, help="give up after this many seconds")

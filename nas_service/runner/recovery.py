@@ -95,6 +95,7 @@ def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
         left_running = studies_with_trials_in((TrialState.RUNNING,))
         jobs = s.scalars(
             select(Job).where(
+                Job.cluster == cluster,
                 or_(
                     Job.status == JobStatus.RUNNING,
                     Job.id.in_(open_runs),
@@ -102,7 +103,7 @@ def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
                 ),
             )
         ).all()
-        return [j for j in jobs if j.spec.get("cluster") == cluster]
+        return list(jobs)
 
 
 def last_progress(s: Session) -> dt.datetime | None:

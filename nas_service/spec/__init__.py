@@ -26,6 +26,14 @@ read with a size cap and without anchors or aliases (`load_yaml_text`).
 
 from __future__ import annotations
 
+from nas_service.spec.budget import (
+    MAX_REDUCTION,
+    MAX_RUNGS,
+    Budget,
+    Fidelity,
+    FloatBudget,
+    IntBudget,
+)
 from nas_service.spec.candidates import (
     Candidate,
     base_arch,
@@ -39,6 +47,28 @@ from nas_service.spec.checks import (
     locate_corpus,
     resolve_corpus,
 )
+from nas_service.spec.cost import CostContext, StepCalibration
+from nas_service.spec.fields import (
+    MAX_ASPECT_RATIO,
+    MAX_CONSTRAINTS,
+    MAX_DEPTH_LR_MULT,
+    MAX_EVALS,
+    MAX_FF_RATIO,
+    MAX_LAYOUT,
+    MAX_LR,
+    MAX_MICROBATCHES,
+    MAX_SEED,
+    MAX_SPEC_BYTES,
+    MAX_VOCAB,
+    MAX_YAML_DEPTH,
+    IntAxis,
+    IntRange,
+    SpecError,
+    Text,
+    axis_count,
+    axis_max,
+    axis_values,
+)
 from nas_service.spec.files import (
     SpecFileError,
     load_spec,
@@ -49,47 +79,12 @@ from nas_service.spec.files import (
 from nas_service.spec.model import (
     CALIBRATED,
     LOSS,
-    MAX_ASPECT_RATIO,
-    MAX_CONSTRAINTS,
-    MAX_DEPTH_LR_MULT,
-    MAX_EVALS,
-    MAX_FF_RATIO,
-    MAX_LAYOUT,
-    MAX_LR,
-    MAX_MICROBATCHES,
-    MAX_REDUCTION,
-    MAX_RUNGS,
-    MAX_SEED,
-    MAX_SPEC_BYTES,
-    MAX_VOCAB,
-    MAX_YAML_DEPTH,
     OBJECTIVE_METRICS,
-    TRAINING_AXES,
-    TRAINING_BOUNDS,
-    ArchDefaults,
-    Budget,
     Constraint,
-    CostContext,
-    Fidelity,
-    FloatBudget,
-    FloatRange,
-    IntAxis,
-    IntBudget,
-    IntRange,
     JobSpec,
-    ParamsTarget,
-    SearchSpace,
-    SpecError,
-    StepCalibration,
-    Text,
-    TrainAxis,
-    Training,
-    Tune,
-    axis_count,
-    axis_max,
-    axis_values,
     parse_spec,
 )
+from nas_service.spec.search_space import ArchDefaults, ParamsTarget, SearchSpace
 from nas_service.spec.space import (
     AXES,
     Axis,
@@ -99,6 +94,14 @@ from nas_service.spec.space import (
     encode_residual,
 )
 from nas_service.spec.stored import STORED, StoredSpec, parse_spec_stored, read_stored
+from nas_service.spec.training import (
+    TRAINING_AXES,
+    TRAINING_BOUNDS,
+    FloatRange,
+    TrainAxis,
+    Training,
+    Tune,
+)
 
 __all__ = [
     "AXES",

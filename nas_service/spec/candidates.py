@@ -13,7 +13,8 @@ from cost_model import (
     width_for_params,
 )
 from cost_model.residuals import STREAMED
-from nas_service.spec.model import JobSpec, SpecError
+from nas_service.spec.fields import SpecError
+from nas_service.spec.model import JobSpec
 from nas_service.spec.space import AXES, CandidateSpace
 
 

@@ -22,11 +22,8 @@ from nas_service.spec.candidates import (
     enumerate_candidates,
     space_size,
 )
-from nas_service.spec.model import (
-    JobSpec,
-    SpecError,
-    _check_text,
-)
+from nas_service.spec.fields import SpecError, _check_text
+from nas_service.spec.model import JobSpec
 from nas_service.spec.space import CandidateSpace
 
 # -- corpora ----------------------------------------------------------------------------------

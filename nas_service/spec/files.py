@@ -11,13 +11,8 @@ from typing import Any
 
 import yaml
 
-from nas_service.spec.model import (
-    MAX_SPEC_BYTES,
-    MAX_YAML_DEPTH,
-    JobSpec,
-    SpecError,
-    parse_spec,
-)
+from nas_service.spec.fields import MAX_SPEC_BYTES, MAX_YAML_DEPTH, SpecError
+from nas_service.spec.model import JobSpec, parse_spec
 
 
 # -- YAML -------------------------------------------------------------------------------------

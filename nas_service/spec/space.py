@@ -30,7 +30,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from cost_model.residuals import BLOCK_SIZED
-from nas_service.spec.model import TRAINING_AXES, FloatRange, IntAxis, IntRange, JobSpec
+from nas_service.spec.fields import IntAxis, IntRange
+from nas_service.spec.model import JobSpec
+from nas_service.spec.training import TRAINING_AXES, FloatRange
 
 if TYPE_CHECKING:
     from nas_service.settings import Settings

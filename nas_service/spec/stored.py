@@ -15,7 +15,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from nas_service.spec.model import JobSpec, SpecError, parse_spec
+from nas_service.spec.fields import SpecError
+from nas_service.spec.model import JobSpec, parse_spec
+from nas_service.spec.training import Training
 
 #: The validation context of a stored spec: `CostContext` does not enumerate its layouts.
 STORED: dict[str, bool] = {"stored": True}
@@ -76,6 +78,19 @@ class StoredSpec:
         _, values = self.budget
         value = (raw.get("flops") or raw.get("tokens")) if isinstance(raw, dict) else None
         return values[0] if values and not isinstance(value, list) else None
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per optimizer step of every run (`training.batch_size`), also of a stale
+        row where it reads as a positive whole number (else the section's default)."""
+        if self.spec is not None:
+            return self.spec.training.batch_size
+        training = self.data.get("training")
+        value = training.get("batch_size") if isinstance(training, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+            return value
+        default: int = Training.model_fields["batch_size"].default
+        return default
 
 
 def read_stored(data: Any) -> StoredSpec:

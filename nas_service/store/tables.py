@@ -23,6 +23,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from nas_service.settings import LOCAL_CLUSTER, MAX_CLUSTER_NAME
+
 
 class JobStatus(enum.StrEnum):
     """Where a job stands (`ds_jobs.status`)."""
@@ -134,7 +136,8 @@ def _now() -> dt.datetime:
 
 
 class Job(Base):
-    """A search job: the validated spec, its Optuna study, and where it stands."""
+    """A search job: the validated spec (and its cluster), its Optuna study, and where it
+    stands."""
 
     __tablename__ = "ds_jobs"
 
@@ -144,6 +147,11 @@ class Job(Base):
         StrEnumColumn(JobStatus), default=JobStatus.PENDING, index=True
     )
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # the spec's cluster, written at submission: the runner of that cluster picks the job up
+    # (`store.jobs.active_jobs`); a row that names none is the local cluster's
+    cluster: Mapped[str] = mapped_column(
+        String(MAX_CLUSTER_NAME), index=True, server_default=LOCAL_CLUSTER
+    )
     study_name: Mapped[str] = mapped_column(String(64), unique=True)
     n_trials: Mapped[int] = mapped_column(Integer)
     error: Mapped[str | None] = mapped_column(Text, default=None)

@@ -19,6 +19,7 @@ from cost_model.calibration import MIN_TRIALS
 from cost_model.timing import train_step_time
 from nas_service.results.answers import TrialRow
 from nas_service.results.calibration import preset_of, trial_points
+from nas_service.spec import Training, parse_spec, read_stored
 from nas_service.store import TrialOutcome, TrialStatus
 from tests.service.jobkit import TINY, setup, study_of
 
@@ -202,7 +203,24 @@ def run(rate: float, **kw: Any) -> dict[str, Any]:
     return {"status": "completed", "steps": 10, "tokens_per_s": rate, "device": "cpu"} | kw
 
 
+#: The job's spec as stored: only the batch size matters to a trial's step (read back through
+#: `StoredSpec.batch_size`, the stale row's way).
 SPEC = {"training": {"batch_size": 4}, "cluster": "local"}
+BATCH_SIZE = read_stored(SPEC).batch_size
+
+
+def test_the_batch_size_of_a_stored_spec_reads_back_also_from_a_stale_row() -> None:
+    """A readable spec's, a stale row's where it is a positive whole number, else the
+    training section's default (a section that is no mapping included)."""
+    assert BATCH_SIZE == 4
+    readable = read_stored(parse_spec(TINY).model_dump(mode="json"))
+    assert readable.spec is not None
+    assert readable.batch_size == readable.spec.training.batch_size
+    default = Training().batch_size
+    assert read_stored({"training": "fast"}).batch_size == default
+    assert read_stored({"training": {"batch_size": True}}).batch_size == default
+    assert read_stored({"training": {"batch_size": 0}}).batch_size == default
+    assert read_stored({}).batch_size == default
 
 
 def test_trial_points_median_of_runs_per_device_kind_and_skips() -> None:
@@ -213,7 +231,7 @@ def test_trial_points_median_of_runs_per_device_kind_and_skips() -> None:
         row(3, [run(800.0, device="cuda", device_name="Tesla T4")]),  # no preset
         row(4, []),  # never trained
     ]
-    points, skipped = trial_points("job", SPEC, rows)
+    points, skipped = trial_points("job", BATCH_SIZE, rows)
     by = {(p.trial, p.device_kind): p for p in points}
     assert by[(0, "cpu")].measured_s == pytest.approx(4 * 32 / 2000.0)
     assert by[(0, "cpu")].runs == 3
@@ -233,7 +251,7 @@ def test_below_the_minimum_a_group_says_how_many_more() -> None:
     from nas_service.results.calibration import _group
 
     rows = [row(i, [run(1000.0 + 100 * i)], d_model=16 * (i + 1)) for i in range(MIN_TRIALS - 3)]
-    points, _ = trial_points("job", SPEC, rows)
+    points, _ = trial_points("job", BATCH_SIZE, rows)
     group = _group("cpu", points)
     assert not group.ready and group.needed == 3 and group.trials == MIN_TRIALS - 3
     assert group.model is None and group.cross_validation is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import subprocess
 import sys
 import uuid
@@ -9,7 +10,7 @@ import uuid
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import JSON, column, insert, inspect, select, table
 
 from nas_service.store import (
     VERSION_TABLE,
@@ -24,6 +25,7 @@ from nas_service.store import (
     make_sessionmaker,
     upgrade,
 )
+from nas_service.store.jobs import active_jobs
 
 OURS = {
     "ds_jobs",
@@ -46,7 +48,7 @@ def tables(url: str) -> set[str]:
 def test_upgrade_creates_our_tables_with_our_version_table(db_url: str) -> None:
     assert current(db_url) is None
     upgrade(db_url)
-    assert current(db_url) == head() == "0003"
+    assert current(db_url) == head() == "0004"
     assert tables(db_url) == OURS  # no plain alembic_version: Optuna's name stays free
 
 
@@ -100,6 +102,8 @@ def test_rows_and_cascade(db_url: str) -> None:
     job_id = str(uuid.uuid4())
     with Session.begin() as s:
         s.add(Job(id=job_id, name="j", spec={"n_trials": 2}, study_name=f"ds-{job_id}", n_trials=2))
+    with Session() as s:  # a row that names no cluster is the local cluster's
+        assert s.get(Job, job_id).cluster == "local"  # type: ignore[union-attr]
     with Session.begin() as s:
         job = s.get(Job, job_id)
         assert job is not None and job.status == "pending" and job.spec == {"n_trials": 2}
@@ -126,6 +130,58 @@ def test_cli_db_upgrade_and_current(sqlite_url: str) -> None:
 
     assert cli("current").stdout.strip() == "none"
     assert cli("upgrade").returncode == 0
-    assert cli("current").stdout.strip() == "0003 (head)"
+    assert cli("current").stdout.strip() == "0004 (head)"
     assert cli("downgrade", "base").returncode == 0
     assert cli("current").stdout.strip() == "none"
+
+
+#: Stored specs as a job row at 0003 holds them, and the cluster 0004 fills in for each: the
+#: spec's, or the local cluster where it names none (no key, not text, empty).
+BACKFILL = {
+    "lab": ({"name": "a", "cluster": "lab", "n_trials": 2}, "lab"),
+    "local": ({"name": "b", "cluster": "local"}, "local"),
+    "none": ({"name": "c"}, "local"),
+    "number": ({"name": "d", "cluster": 5}, "local"),
+    "empty": ({"name": "e", "cluster": ""}, "local"),
+    "not-a-mapping": (["a", "list"], "local"),
+}
+
+
+def test_0004_adds_the_cluster_column_backfilled_from_each_stored_spec(db_url: str) -> None:
+    """A database at 0003 holding jobs (and their events) upgrades to a `cluster` column
+    filled from each job's stored spec, its events kept; downgrading removes the column."""
+    upgrade(db_url, "0003")
+    engine = make_engine(db_url)
+    jobs = table("ds_jobs", column("id"), column("name"), column("status"), column("spec", JSON))
+    jobs.append_column(column("study_name"))
+    jobs.append_column(column("n_trials"))
+    jobs.append_column(column("created_at"))
+    events = table("ds_job_events", column("job_id"), column("at"), column("kind"))
+    events.append_column(column("message"))
+    now = dt.datetime.now(dt.UTC)
+    with engine.begin() as conn:
+        for key, (spec, _) in BACKFILL.items():
+            row = {"id": key, "name": key, "status": "pending", "spec": spec}
+            row |= {"study_name": f"ds-{key}", "n_trials": 2, "created_at": now}
+            conn.execute(insert(jobs).values(**row))
+            conn.execute(insert(events).values(job_id=key, at=now, kind="submitted", message=key))
+    engine.dispose()
+    upgrade(db_url)
+    assert current(db_url) == "0004"
+    engine = make_engine(db_url)
+    Session = make_sessionmaker(engine)
+    with Session() as s:
+        got = {j.id: j.cluster for j in s.scalars(select(Job))}
+        assert got == {key: cluster for key, (_, cluster) in BACKFILL.items()}
+        assert s.get(Job, "lab").spec == BACKFILL["lab"][0]  # type: ignore[union-attr]
+        assert len(s.scalars(select(JobEvent)).all()) == len(BACKFILL)
+        assert [j.id for j in active_jobs(s, "lab")] == ["lab"]
+    engine.dispose()
+    downgrade(db_url, "0003")
+    engine = make_engine(db_url)
+    try:
+        assert "cluster" not in {c["name"] for c in inspect(engine).get_columns("ds_jobs")}
+    finally:
+        engine.dispose()
+    upgrade(db_url)
+    assert current(db_url) == head()
