@@ -46,10 +46,9 @@ from nas_service.results.rows import SettingKey as SettingKey
 from nas_service.results.rows import TrialRow as TrialRow
 from nas_service.results.rows import _finite, _loss_or_none
 from nas_service.results.rows import setting_key as setting_key
-from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING
-from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
 from nas_service.spec import StoredSpec, read_stored
 from nas_service.store import Job, TrialOutcome, TrialRun, TrialStatus
+from nas_service.store.records import TrialAttr
 from nas_service.store.trial_tables import StoredTrial, read_trials
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ Fingerprint = tuple[int, bool, tuple[Any, ...]]
 
 
 def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:
-    value = t.user_attrs.get(ATTR_OUTCOME)
+    value = t.user_attrs.get(TrialAttr.OUTCOME)
     if value is None:
         return TrialOutcome.RUNNING if t.state == TrialState.RUNNING else ""
     try:
@@ -81,18 +80,18 @@ def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:
 
 def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | None) -> TrialRow:
     attrs = t.user_attrs
-    metrics = dict(attrs.get("costs", {}))
-    train = attrs.get("train", [])
+    metrics = dict(attrs.get(TrialAttr.COSTS, {}))
+    train = attrs.get(TrialAttr.TRAIN, [])
     if t.state == TrialState.COMPLETE and t.values is not None:
         for name, value in zip(objectives, t.values, strict=False):
             metrics[name] = value
     elif train and train[0].get("final_val_loss") is not None:
         metrics["val_loss"] = train[0]["final_val_loss"]
-    seeds = attrs.get("val_loss_seeds") or {}
+    seeds = attrs.get(TrialAttr.SEEDS) or {}
     if "val_loss" not in metrics and isinstance(seeds.get("mean"), int | float):
         metrics["val_loss"] = float(seeds["mean"])  # a job whose objective is val_bpb
     if "val_bpb" not in metrics:  # the loss in bits per byte, where the corpus is text
-        bpb = attrs.get("val_bpb") if t.state == TrialState.COMPLETE else None
+        bpb = attrs.get(TrialAttr.BPB) if t.state == TrialState.COMPLETE else None
         if bpb is None and "val_loss" in metrics and train and t.state != TrialState.COMPLETE:
             bpb = train[0].get("final_val_bpb")
         if isinstance(bpb, int | float) and not isinstance(bpb, bool):
@@ -100,35 +99,35 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
     duration = None
     if t.datetime_start and t.datetime_complete:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
-    setting = {str(k): float(v) for k, v in (attrs.get("setting") or {}).items()}
+    setting = {str(k): float(v) for k, v in (attrs.get(TrialAttr.SETTING) or {}).items()}
     settings = [
         {
             "setting": {str(k): float(v) for k, v in (e.get("setting") or {}).items()},
             "losses": [_loss_or_none(v) for v in e.get("losses", [])],
             "mean": _loss_or_none(e.get("mean")),
         }
-        for e in attrs.get("settings") or []
+        for e in attrs.get(TrialAttr.SETTINGS) or []
     ]
     return TrialRow(
         number=t.number,
         state=STATE_NAMES[t.state],
         outcome=_outcome(t),
-        reason=str(attrs.get("reason", "")),
+        reason=str(attrs.get(TrialAttr.REASON, "")),
         params=dict(t.params),
-        arch=dict(attrs.get("arch", {})),
+        arch=dict(attrs.get(TrialAttr.ARCH, {})),
         metrics=metrics,
         values=list(t.values) if t.values is not None else None,
         train=train,
-        curve=attrs.get("curve", []),
-        lost=bool(attrs.get(ATTR_LOST)),
+        curve=attrs.get(TrialAttr.CURVE, []),
+        lost=bool(attrs.get(TrialAttr.LOST)),
         duration_s=duration,
         budget=float(t.params["budget"]) if "budget" in t.params else budget,
         trial_id=t.trial_id if isinstance(t, StoredTrial) else t._trial_id,
         setting=setting,
         settings=settings,
         seeds=_seeds(attrs, train, setting, settings),
-        rungs=[r for r in attrs.get(ATTR_RUNGS) or [] if isinstance(r, dict)],
-        waiting=waiting if isinstance(waiting := attrs.get(ATTR_WAITING), int) else None,
+        rungs=[r for r in attrs.get(TrialAttr.RUNGS) or [] if isinstance(r, dict)],
+        waiting=waiting if isinstance(waiting := attrs.get(TrialAttr.WAITING), int) else None,
     )
 
 
@@ -145,7 +144,7 @@ def _seeds(
     for entry in settings:
         if setting_key(entry["setting"]) == chosen:
             return list(entry["losses"])
-    values = (attrs.get("val_loss_seeds") or {}).get("values")
+    values = (attrs.get(TrialAttr.SEEDS) or {}).get("values")
     if values is not None:
         return [_loss_or_none(v) for v in values]
     if not train:

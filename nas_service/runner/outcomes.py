@@ -59,19 +59,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from nas_service.runner.backend import Backend
 from nas_service.runner.failures import _task_cause, describe, is_database_outage
 from nas_service.search.rungs import (
-    ATTR_RUNGS,
-    ATTR_WAITING,
     checkpoint_key,
     n_rungs,
     rung_spec,
     trial_prefix,
 )
 from nas_service.search.study import (
-    ATTR_CURVE,
-    ATTR_LOST,
-    ATTR_OUTCOME,
-    ATTR_REASON,
-    ATTR_TRAIN,
     Priced,
     bpb_per_loss,
     cannot_reach_front,
@@ -87,6 +80,7 @@ from nas_service.spec import JobSpec
 from nas_service.spec.checks import _scrub
 from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs, tell
+from nas_service.store.records import TrialAttr
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore, StoreError
 
@@ -94,11 +88,6 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then failed
 STORE_RETRY_MAX_S = 60.0  # the longest pause after an artifact store fault
-
-ATTR_SETTING = "setting"  # the chosen setting
-ATTR_SETTINGS = "settings"  # per setting tried: {"setting", "losses", "mean"}
-ATTR_BPB = "val_bpb"  # the val_loss objective in bits per byte (None: no text)
-ATTR_SEEDS = "val_loss_seeds"  # the chosen setting's seed statistics and values
 
 
 @dataclass
@@ -208,9 +197,9 @@ def conclude(
     attributes, its outcome and reason, then the state (or the objective values) told to the
     study. A trial concluded already (a retry after an outage, a recovery) is left as it is."""
     try:
-        written = (attrs or {}) | {ATTR_OUTCOME: str(outcome)}
+        written = (attrs or {}) | {TrialAttr.OUTCOME: str(outcome)}
         if reason:
-            written[ATTR_REASON] = reason
+            written[TrialAttr.REASON] = reason
         set_user_attrs(study, trial, written)
         tell(study, trial if isinstance(trial, optuna.Trial) else trial.number, values, state)
     except optuna.exceptions.UpdateFinishedTrialError as exc:
@@ -409,7 +398,7 @@ class TrialOutcomes:
                 reason = prune_reason(flight.study.pruner, point.step, point.val_loss)
         else:
             finished = flight.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            curves = [t.user_attrs.get(ATTR_CURVE, []) for t in finished]
+            curves = [t.user_attrs.get(TrialAttr.CURVE, []) for t in finished]
             reason = cannot_reach_front(
                 finished,
                 spec,
@@ -429,7 +418,7 @@ class TrialOutcomes:
             TrialOutcome.PRUNED,
             reason,
             TrialState.PRUNED,
-            attrs={ATTR_CURVE: curve},
+            attrs={TrialAttr.CURVE: curve},
         )
         self._finish_run(flight, RunState.PRUNED, reason)
 
@@ -456,12 +445,12 @@ class TrialOutcomes:
             else:
                 reason = result.reason or "no finite final loss"
             attrs: dict[str, Any] = {
-                ATTR_TRAIN: train,
-                ATTR_CURVE: curve_rows(result.curve),
-                ATTR_SETTINGS: table,
+                TrialAttr.TRAIN: train,
+                TrialAttr.CURVE: curve_rows(result.curve),
+                TrialAttr.SETTINGS: table,
             }
             if not flight.tuned:
-                attrs[ATTR_SETTING] = flight.settings[0]
+                attrs[TrialAttr.SETTING] = flight.settings[0]
             self._tell(
                 flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
             )
@@ -474,12 +463,12 @@ class TrialOutcomes:
         ratio = bpb_per_loss(first.result.final_val_bpb, first.result.final_val_loss)
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics, ratio)
         attrs = {
-            ATTR_TRAIN: train,
-            ATTR_CURVE: curve_rows(first.result.curve),
-            ATTR_SETTING: flight.settings[best],
-            ATTR_SETTINGS: table,
-            ATTR_SEEDS: stats | {"values": losses},
-            ATTR_BPB: None if ratio is None else stats["mean"] * ratio,
+            TrialAttr.TRAIN: train,
+            TrialAttr.CURVE: curve_rows(first.result.curve),
+            TrialAttr.SETTING: flight.settings[best],
+            TrialAttr.SETTINGS: table,
+            TrialAttr.SEEDS: stats | {"values": losses},
+            TrialAttr.BPB: None if ratio is None else stats["mean"] * ratio,
         }
         if not all(math.isfinite(v) for v in values):  # val_bpb of a corpus of raw tokens
             reason = (
@@ -504,7 +493,7 @@ class TrialOutcomes:
                 "given_up": sorted(flight.given_up),
                 "promoted": False,
             }
-            attrs[ATTR_RUNGS] = [*flight.records, record]
+            attrs[TrialAttr.RUNGS] = [*flight.records, record]
             if not flight.last_rung:
                 self._pause(flight, attrs, stats["mean"])
                 return
@@ -519,7 +508,7 @@ class TrialOutcomes:
         trial, rung = flight.trial, flight.rung
         if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
             trial.report(loss, rung)
-        set_user_attrs(flight.study, trial, attrs | {ATTR_WAITING: rung})  # one transaction
+        set_user_attrs(flight.study, trial, attrs | {TrialAttr.WAITING: rung})  # one transaction
         waiting = f"rung {rung + 1} of {n_rungs(flight.spec)}: waiting for promotion"
         self._close_run(flight.run_id, RunState.COMPLETED, waiting)
         if flight.next_run_id is not None:
@@ -558,7 +547,7 @@ class TrialOutcomes:
         run = flight.runs[-1]
         done = f"run {flight.index + 1} of {len(flight.plan)}"
         diverged = run.result.status == "diverged"
-        flight.trial.set_user_attr(ATTR_TRAIN, train)
+        flight.trial.set_user_attr(TrialAttr.TRAIN, train)
         if flight.next_run_id is None:
             flight.next_run_id = self._new_run(
                 flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
@@ -635,7 +624,7 @@ class TrialOutcomes:
                 TrialOutcome.LOST,
                 reason,
                 TrialState.FAIL,
-                attrs={ATTR_LOST: True},
+                attrs={TrialAttr.LOST: True},
             )
             self._finish_run(flight, RunState.FAILED, reason)
 

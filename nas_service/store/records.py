@@ -1,10 +1,13 @@
-"""The stored records the service's parts share: a trial as it is read back (its runs, rungs
-and settings), and a job recorded as a landscape, the file a simulated run replays. The
-results (`nas_service.results`) and the simulated backend (`nas_service.runner.simulated`)
-read them; the API shows them as they are (`TrialRead` is the trial of `/v1/jobs/{id}/trials`)."""
+"""The stored records the service's parts share: the attributes the runner writes on a
+trial (`TrialAttr`, every key named once), a trial as it is read back (its runs, rungs and
+settings), and a job recorded as a landscape, the file a simulated run replays. The runner
+(`nas_service.runner`, `nas_service.search`) writes them; the results (`nas_service.results`)
+and the simulated backend (`nas_service.runner.simulated`) read them; the API shows them as
+they are (`TrialRead` is the trial of `/v1/jobs/{id}/trials`)."""
 
 from __future__ import annotations
 
+import enum
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -17,6 +20,32 @@ from nas_service.store.tables import JobStatus, TrialStatus
 Scalar = int | float | str | bool | None
 #: A value of a nested report (the cost model's sections): scalars, lists and maps of them.
 Value = TypeAliasType("Value", "Scalar | list[Value] | dict[str, Value]")
+
+
+class TrialAttr(enum.StrEnum):
+    """The key of every Optuna user attribute the service writes on a trial."""
+
+    ARCH = "arch"  # the candidate's `ArchConfig` fields
+    COSTS = "costs"  # the priced metrics (parameters, FLOPs, memory, step time, ...)
+    OUTCOME = "outcome"  # a `TrialOutcome`
+    REASON = "reason"  # why it ended so ("" when completed)
+    TRAIN = "train"  # every run (setting × seed), in the order run: `TrainRun`s
+    CURVE = "curve"  # the evaluation curve: [step, tokens, flops, val_loss] rows
+    SETTING = "setting"  # the chosen training setting
+    SETTINGS = "settings"  # per setting tried: `SettingRecord`s
+    SEEDS = "val_loss_seeds"  # the chosen setting's `SeedStats`
+    BPB = "val_bpb"  # the val_loss objective in bits per byte (None: no text)
+    RUNGS = "rungs"  # multi-fidelity: per rung trained, a `RungRecord`
+    WAITING = "waiting"  # the rung a trial waits at for promotion; None while it trains
+    LOST = "ds_lost"  # failed by a crash of the service and re-enqueued: does not count
+    RETRY_OF = "ds_retry_of"  # the number of the lost trial this one retries
+    SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
+
+
+class StudyAttr(enum.StrEnum):
+    """The key of every Optuna user attribute the service writes on a study."""
+
+    OBJECTIVES = "objectives"
 
 
 class TrainRunRead(BaseModel):
