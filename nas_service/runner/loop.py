@@ -88,7 +88,7 @@ from nas_service.store.jobs import active_jobs, optuna_storage
 from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.store.optuna_compat import check_optuna
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
-from nas_service.store.records import TrialAttr
+from nas_service.store.records import TrialAttr, TrialRecord
 from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
@@ -417,7 +417,8 @@ class Runner(TrialOutcomes):
         try:
             recs = records(w.trial)
             recs[-1] = recs[-1] | {"promoted": True}
-            set_user_attrs(study, trial, {TrialAttr.RUNGS: recs, TrialAttr.WAITING: None})
+            promoted = TrialRecord(rungs=recs, nulls=frozenset({TrialAttr.WAITING}))
+            set_user_attrs(study, trial, promoted.to_attrs())
             params = dict(w.trial.params)
             priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
             if priced.train_spec is None:
@@ -531,9 +532,7 @@ class Runner(TrialOutcomes):
         try:
             params = suggest(trial, spec)
             priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
-            attrs: dict[str, Any] = {TrialAttr.COSTS: priced.metrics}
-            if priced.arch_dict is not None:
-                attrs = {TrialAttr.ARCH: priced.arch_dict} | attrs
+            attrs = TrialRecord(arch=priced.arch_dict, costs=priced.metrics).to_attrs()
             if priced.outcome != "train":  # infeasible or over a constraint: never trained
                 set_user_attrs(study, trial, attrs)
                 outcome = TrialOutcome(priced.outcome)

@@ -80,7 +80,13 @@ from nas_service.spec import JobSpec
 from nas_service.spec.checks import _scrub
 from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs, tell
-from nas_service.store.records import TrialAttr
+from nas_service.store.records import (
+    RungRecord,
+    SettingRecord,
+    TrainRun,
+    TrialAttr,
+    TrialRecord,
+)
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore, StoreError
 
@@ -121,8 +127,8 @@ class Flight:
     next_run_id: int | None = None  # the next run's row, opened before this one's is closed
     rung: int = 0  # the rung trained (multi-fidelity; 0 without: the one and last rung)
     first: int = 0  # the trial's first rung (its Hyperband bracket)
-    earlier: list[dict[str, Any]] = field(default_factory=list)  # `train` of earlier rungs
-    records: list[dict[str, Any]] = field(default_factory=list)  # `rungs` of earlier rungs
+    earlier: list[TrainRun] = field(default_factory=list)  # `train` of earlier rungs
+    records: list[RungRecord] = field(default_factory=list)  # `rungs` of earlier rungs
 
     @property
     def plan(self) -> list[tuple[int, int]]:
@@ -154,7 +160,7 @@ class Flight:
     def last_rung(self) -> bool:
         return self.rung == n_rungs(self.spec) - 1
 
-    def summaries(self) -> list[dict[str, Any]]:
+    def summaries(self) -> list[TrainRun]:
         """The `train` attribute: every finished run's summary (earlier rungs' first), its
         seed, setting, rung and evaluation curve."""
         return self.earlier + [
@@ -168,14 +174,14 @@ class Flight:
             for r in self.runs
         ]
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[SettingRecord]:
         """The `settings` attribute: per setting, its seeds' final losses and their mean."""
         losses: dict[tuple[int, int], float | None] = {}
         for r in self.runs:
             loss = r.result.final_val_loss
             ok = r.result.status != "diverged" and math.isfinite(loss)
             losses[r.setting, r.seed] = loss if ok else None
-        rows = []
+        rows: list[SettingRecord] = []
         for s, setting in enumerate(self.settings):
             seeds = [losses.get((s, k)) for k in range(self.spec.seeds)]
             finite = [x for x in seeds if x is not None]
@@ -418,7 +424,7 @@ class TrialOutcomes:
             TrialOutcome.PRUNED,
             reason,
             TrialState.PRUNED,
-            attrs={TrialAttr.CURVE: curve},
+            attrs=TrialRecord(curve=curve).to_attrs(),
         )
         self._finish_run(flight, RunState.PRUNED, reason)
 
@@ -444,13 +450,12 @@ class TrialOutcomes:
                 reason = f"every one of {len(table)} settings diverged; the last: {result.reason}"
             else:
                 reason = result.reason or "no finite final loss"
-            attrs: dict[str, Any] = {
-                TrialAttr.TRAIN: train,
-                TrialAttr.CURVE: curve_rows(result.curve),
-                TrialAttr.SETTINGS: table,
-            }
-            if not flight.tuned:
-                attrs[TrialAttr.SETTING] = flight.settings[0]
+            attrs = TrialRecord(
+                train=train,
+                curve=curve_rows(result.curve),
+                setting=None if flight.tuned else flight.settings[0],
+                settings=table,
+            ).to_attrs()
             self._tell(
                 flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
             )
@@ -462,14 +467,16 @@ class TrialOutcomes:
         first = next(r for r in flight.runs if r.setting == best and r.seed == 0)
         ratio = bpb_per_loss(first.result.final_val_bpb, first.result.final_val_loss)
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics, ratio)
-        attrs = {
-            TrialAttr.TRAIN: train,
-            TrialAttr.CURVE: curve_rows(first.result.curve),
-            TrialAttr.SETTING: flight.settings[best],
-            TrialAttr.SETTINGS: table,
-            TrialAttr.SEEDS: stats | {"values": losses},
-            TrialAttr.BPB: None if ratio is None else stats["mean"] * ratio,
-        }
+        record = TrialRecord(
+            train=train,
+            curve=curve_rows(first.result.curve),
+            setting=flight.settings[best],
+            settings=table,
+            seeds=stats | {"values": losses},
+            bpb=None if ratio is None else stats["mean"] * ratio,
+            nulls=frozenset({TrialAttr.BPB}),
+        )
+        attrs = record.to_attrs()
         if not all(math.isfinite(v) for v in values):  # val_bpb of a corpus of raw tokens
             reason = (
                 "val_bpb is unknown: the corpus holds raw tokens, not text, so its loss "
@@ -483,7 +490,7 @@ class TrialOutcomes:
         if flight.spec.fidelity is not None:
             assert flight.priced.train_spec is not None
             per_step = flight.priced.train_spec.tokens_per_step
-            record = {
+            rung: RungRecord = {
                 "rung": flight.rung,
                 "fraction": float(flight.spec.fidelity.rungs[flight.rung]),
                 "loss": stats["mean"],
@@ -493,7 +500,7 @@ class TrialOutcomes:
                 "given_up": sorted(flight.given_up),
                 "promoted": False,
             }
-            attrs[TrialAttr.RUNGS] = [*flight.records, record]
+            attrs[TrialAttr.RUNGS] = [*flight.records, rung]
             if not flight.last_rung:
                 self._pause(flight, attrs, stats["mean"])
                 return
@@ -539,7 +546,7 @@ class TrialOutcomes:
         """Delete a told trial's checkpoints (or, without a number, the job's)."""
         self._delete_artifact(trial_prefix(job_id, number) if number is not None else job_id, True)
 
-    def _next_run(self, flight: Flight, following: int, train: list[dict[str, Any]]) -> None:
+    def _next_run(self, flight: Flight, following: int, train: list[TrainRun]) -> None:
         """Record the finished run and start run `following` of the plan: the `train`
         attribute first, then the next run's row, then the finished run's row closed (so a
         reader that sees the rows change sees the attribute, and the trial always has an open
@@ -624,7 +631,7 @@ class TrialOutcomes:
                 TrialOutcome.LOST,
                 reason,
                 TrialState.FAIL,
-                attrs={TrialAttr.LOST: True},
+                attrs=TrialRecord(lost=True).to_attrs(),
             )
             self._finish_run(flight, RunState.FAILED, reason)
 

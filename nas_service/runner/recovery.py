@@ -68,7 +68,7 @@ from nas_service.store import (
 )
 from nas_service.store.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
 from nas_service.store.optuna_storage import OwnedTrials, after_trial, set_user_attrs
-from nas_service.store.records import TrialAttr
+from nas_service.store.records import TrialAttr, TrialRecord
 from nas_service.store.trial_tables import studies_with_trials_in
 
 log = logging.getLogger(__name__)
@@ -312,13 +312,9 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
     the sampler told of each failure first, as `tell` tells it; elsewhere (or should a
     trial have been concluded meanwhile) a trial at a time — on the runner's storage
     without telling the sampler again (`_fail_lost`)."""
-    attrs: dict[str, Any] = {
-        TrialAttr.LOST: True,
-        TrialAttr.OUTCOME: str(TrialOutcome.LOST),
-        TrialAttr.REASON: LOST_REASON,
-    }
-    retries: list[tuple[dict[str, Any], dict[str, Any]]] = [
-        (dict(t.params), {TrialAttr.RETRY_OF: t.number, TrialAttr.SUSPECT: suspect})
+    attrs = TrialRecord(lost=True, outcome=str(TrialOutcome.LOST), reason=LOST_REASON).to_attrs()
+    retries = [
+        (dict(t.params), TrialRecord(retry_of=t.number, suspect=suspect).to_attrs())
         for t, suspect in lost
         if t.number not in retried
     ]
@@ -344,7 +340,7 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
         if t.number not in retried:
             study.enqueue_trial(
                 dict(t.params),
-                user_attrs={TrialAttr.RETRY_OF: t.number, TrialAttr.SUSPECT: suspect},
+                user_attrs=TrialRecord(retry_of=t.number, suspect=suspect).to_attrs(),
             )
         if told:  # the sampler was told already
             _fail_lost(study, t, attrs)
@@ -355,7 +351,7 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
                 TrialOutcome.LOST,
                 LOST_REASON,
                 TrialState.FAIL,
-                attrs={TrialAttr.LOST: True},
+                attrs=TrialRecord(lost=True).to_attrs(),
             )
     if failure is not None:
         raise failure

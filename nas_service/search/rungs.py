@@ -47,7 +47,7 @@ from nas_service.search.fidelity import (
     settled_position,
 )
 from nas_service.spec import JobSpec
-from nas_service.store.records import TrialAttr
+from nas_service.store.records import RungRecord, TrialAttr, rung_records
 from workers.contract import TrainSpec
 
 
@@ -155,12 +155,11 @@ class Waiting:
     result: Result
 
 
-def records(trial: FrozenTrial) -> list[dict[str, Any]]:
-    value = trial.user_attrs.get(TrialAttr.RUNGS)
-    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+def records(trial: FrozenTrial) -> list[RungRecord]:
+    return rung_records(trial.user_attrs.get(TrialAttr.RUNGS))
 
 
-def _result(trial: FrozenTrial, record: dict[str, Any]) -> Result:
+def _result(trial: FrozenTrial, record: RungRecord) -> Result:
     loss = record.get("loss")
     values = record.get("values") or []
     return Result(

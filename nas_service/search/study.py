@@ -76,7 +76,7 @@ from nas_service.spec import (
     space_size,
 )
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
-from nas_service.store.records import StudyAttr
+from nas_service.store.records import SeedStats, StudyAttr, TrainRun
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
@@ -529,7 +529,7 @@ def bpb_per_loss(val_bpb: float, val_loss: float) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
-def train_summary(result: TrainResult) -> dict[str, Any]:
+def train_summary(result: TrainResult) -> TrainRun:
     """What a trial keeps of a training run (the curve is kept apart)."""
     return {
         "status": result.status,
@@ -563,7 +563,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def seed_statistics(losses: list[float]) -> dict[str, float]:
+def seed_statistics(losses: list[float]) -> SeedStats:
     return {
         "mean": statistics.fmean(losses),
         "std": statistics.stdev(losses) if len(losses) > 1 else 0.0,

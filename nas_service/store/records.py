@@ -7,8 +7,10 @@ they are (`TrialRead` is the trial of `/v1/jobs/{id}/trials`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from pydantic import BaseModel, Field
 from typing_extensions import TypeAliasType
@@ -46,6 +48,141 @@ class StudyAttr(enum.StrEnum):
     """The key of every Optuna user attribute the service writes on a study."""
 
     OBJECTIVES = "objectives"
+
+
+class TrainRun(TypedDict, total=False):
+    """One run (a setting × a seed) as the `train` attribute keeps it: the worker's result
+    (`search.study.train_summary`, non-finite losses as None), then the seed, setting, rung
+    and evaluation curve the runner adds. An older record may lack any field."""
+
+    status: str  # completed | stopped | diverged
+    reason: str
+    final_val_loss: float | None
+    best_val_loss: float | None
+    final_val_bpb: float | None  # bits per byte of the validation text (None: raw tokens)
+    best_val_bpb: float | None
+    steps: int
+    tokens_seen: int
+    flops_spent: float
+    flops_budget: float | None
+    wall_time_s: float
+    tokens_per_s: float
+    peak_memory_bytes: int
+    memory_kind: str  # cuda_max_allocated | cpu_peak_rss
+    device: str  # cpu | cuda
+    device_name: str  # "cpu", or the CUDA device's name
+    saved_tensor_bytes: int  # activation memory autograd saved in the first step
+    state_bytes: int  # parameters, gradients and optimizer state
+    peak_rss_bytes: int  # the worker process's peak resident set
+    corpus: dict[str, Any]  # the corpus's identity (name, checksum, sizes)
+    seed: int
+    setting: dict[str, float]
+    rung: int  # multi-fidelity: the rung this run trained (0 without)
+    curve: list[list[float]]  # [step, tokens, flops, val_loss] rows
+
+
+class SettingRecord(TypedDict):
+    """One training setting tried (`settings`): its final loss per seed (None where not
+    finite or diverged) and their mean (None when any run diverged)."""
+
+    setting: dict[str, float]
+    losses: list[float | None]
+    mean: float | None
+
+
+class SeedStats(TypedDict):
+    """The chosen setting's final losses over seeds (`val_loss_seeds`): their statistics
+    and the values (the finite ones, in seed order)."""
+
+    mean: float
+    std: float
+    min: float
+    max: float
+    values: NotRequired[list[float]]
+
+
+class RungRecord(TypedDict):
+    """A rung a trial trained (`rungs`, multi-fidelity): its share of the budget, its loss
+    (the best setting's mean over seeds), its objective vector, the main line's steps and
+    tokens, the settings that diverged there, and whether it went on to the next rung."""
+
+    rung: int
+    fraction: float
+    loss: float
+    values: list[float]
+    steps: int
+    tokens: int
+    given_up: NotRequired[list[int]]
+    promoted: bool
+
+
+#: The `TrialRead` field that shows an attribute, where it is not the attribute's
+#: `TrialRecord` field of the same name: the costs and bits per byte are metrics.
+SHOWN_AS = {TrialAttr.COSTS: "metrics", TrialAttr.BPB: "metrics", TrialAttr.SEEDS: "seed_stats"}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialRecord:
+    """What the service writes on a trial, typed: each field is the `TrialAttr` of its name
+    (`seeds` is `TrialAttr.SEEDS`, stored as `val_loss_seeds`). A record holds what one
+    write sets (a field left None is not written: it stays as stored), and `nulls` the
+    attributes it writes as null (a trial that no longer waits, a loss without bits per
+    byte); `from_attrs` reads a trial's attributes back (a null read back goes to `nulls`)."""
+
+    arch: dict[str, Any] | None = None
+    costs: dict[str, float] | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    train: list[TrainRun] | None = None
+    curve: list[list[float]] | None = None
+    setting: dict[str, float] | None = None
+    settings: list[SettingRecord] | None = None
+    seeds: SeedStats | None = None
+    bpb: float | None = None
+    rungs: list[RungRecord] | None = None
+    waiting: int | None = None
+    lost: bool | None = None
+    retry_of: int | None = None
+    suspect: int | None = None
+    nulls: frozenset[TrialAttr] = frozenset()
+
+    def to_attrs(self) -> dict[str, Any]:
+        """The user attributes to write: every field set, and `nulls` as null."""
+        out: dict[str, Any] = {}
+        for key in TrialAttr:
+            value = getattr(self, key.name.lower())
+            if value is not None:
+                out[key.value] = value
+            elif key in self.nulls:
+                out[key.value] = None
+        return out
+
+    @classmethod
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> TrialRecord:
+        """A trial's record from its user attributes; keys the service never writes, and
+        a `waiting` or `rungs` not of the written shape, are left out."""
+        values: dict[str, Any] = {}
+        nulls: set[TrialAttr] = set()
+        for key in TrialAttr:
+            if key not in attrs:
+                continue
+            value = attrs[key]
+            if value is None:
+                nulls.add(key)
+            else:
+                values[key.name.lower()] = value
+        if not isinstance(values.get("waiting"), int) or isinstance(values["waiting"], bool):
+            values.pop("waiting", None)
+        if "rungs" in values:
+            values["rungs"] = rung_records(values["rungs"])
+        return cls(**values, nulls=frozenset(nulls))
+
+
+def rung_records(value: Any) -> list[RungRecord]:
+    """The `rungs` attribute's records (none when it is not a list; entries that are not
+    records left out)."""
+    kept = [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+    return cast(list[RungRecord], kept)
 
 
 class TrainRunRead(BaseModel):

@@ -27,7 +27,7 @@ from nas_service.runner.recovery import record_event, recover_job
 from nas_service.spec import TRAINING_AXES
 from nas_service.store import Job, TrialRun
 from nas_service.store.jobs import optuna_storage
-from nas_service.store.records import TrialAttr
+from nas_service.store.records import TrainRun, TrialAttr
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 
@@ -49,7 +49,7 @@ def _runs(Session: Any, job_id: str) -> dict[int, list[TrialRun]]:
     return out
 
 
-def _plan_of(train: list[dict[str, Any]]) -> list[tuple[float, int]]:
+def _plan_of(train: list[TrainRun]) -> list[tuple[float, int]]:
     return [(e["setting"]["lr"], e["seed"]) for e in train]
 
 
