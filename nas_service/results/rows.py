@@ -128,6 +128,10 @@ class TrialRow:
             "seeds": self.seeds,
             "rungs": self.rungs,
             "waiting": self.waiting,
+            "seed_stats": self.seed_stats,
+            "lost": self.lost,
+            "retry_of": self.retry_of,
+            "suspect": self.suspect,
         }
         if curve:
             out["curve"] = self.curve

@@ -186,13 +186,15 @@ def rung_records(value: Any) -> list[RungRecord]:
 
 
 class TrainRunRead(BaseModel):
-    """One seed's training run as a trial keeps it (`search.train_summary`; the curve is
-    kept apart). A field missing from an older record is null."""
+    """One run as a trial keeps it (`TrainRun`: `search.train_summary`, its seed, setting,
+    rung and curve). A field missing from an older record is null."""
 
     status: str | None = None  # completed | stopped | diverged
     reason: str | None = None
     final_val_loss: float | None = None  # null when not finite
     best_val_loss: float | None = None
+    final_val_bpb: float | None = None  # bits per byte (null: a corpus of raw tokens)
+    best_val_bpb: float | None = None
     steps: int | None = None
     tokens_seen: int | None = None
     flops_spent: float | None = None
@@ -202,6 +204,10 @@ class TrainRunRead(BaseModel):
     peak_memory_bytes: int | None = None
     memory_kind: str | None = None  # cuda_max_allocated | cpu_peak_rss
     device: str | None = None
+    device_name: str | None = None  # "cpu", or the CUDA device's name
+    saved_tensor_bytes: int | None = None  # activation memory saved for backward (1st step)
+    state_bytes: int | None = None  # parameters, gradients and optimizer state
+    peak_rss_bytes: int | None = None  # the worker process's peak resident set
     corpus: dict[str, Scalar] | None = None  # the corpus's identity (name, checksum, sizes)
     seed: int | None = None  # the run's seed: seed k of every trial sees the same batches
     setting: dict[str, float] | None = None  # lr, depth_lr_mult, warmup_frac, weight_decay
@@ -258,6 +264,13 @@ class TrialRead(BaseModel):
     #: multi-fidelity: every rung trained, and the rung it waits at (null: training or done)
     rungs: list[RungRead] = Field(default_factory=list)
     waiting: int | None = None
+    #: the chosen setting's seed statistics: mean, std, min, max (null: not finished)
+    seed_stats: dict[str, float] | None = None
+    #: lost in a crash of the service and retried (it does not count), the trial this one
+    #: retries, and the suspect stops in a row of its candidate (recovery's count)
+    lost: bool = False
+    retry_of: int | None = None
+    suspect: int | None = None
 
 
 class LandscapeJobRead(BaseModel):

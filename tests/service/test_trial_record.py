@@ -6,17 +6,24 @@ shows every field the runner writes."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 
 import optuna
 
+from nas_service.results.answers import _row
 from nas_service.search.study import train_summary
 from nas_service.store.records import (
+    SHOWN_AS,
+    RungRead,
     RungRecord,
     SeedStats,
+    SettingRead,
     SettingRecord,
     TrainRun,
+    TrainRunRead,
     TrialAttr,
+    TrialRead,
     TrialRecord,
 )
 from workers.contract import EvalPoint, TrainResult
@@ -136,3 +143,38 @@ def test_a_partial_record_writes_only_its_fields() -> None:
     assert TrialRecord.from_attrs({"waiting": True, "rungs": [1, {"rung": 0}]}) == TrialRecord(
         rungs=[{"rung": 0}]  # type: ignore[typeddict-item]
     )
+
+
+def test_the_read_schema_shows_every_field_the_runner_writes() -> None:
+    """Every attribute (`TrialRecord`'s fields) has its `TrialRead` field, and every field of
+    a run, a rung and a setting record its field in the run's, rung's and setting's read."""
+    shown = {a: SHOWN_AS.get(a, a.name.lower()) for a in TrialAttr}
+    assert {a: f for a, f in shown.items() if f not in TrialRead.model_fields} == {}
+    for record, read in (
+        (TrainRun, TrainRunRead),
+        (RungRecord, RungRead),
+        (SettingRecord, SettingRead),
+    ):
+        missing = set(typing.get_type_hints(record)) - set(read.model_fields)
+        assert missing == set(), (record.__name__, missing)
+
+
+def test_the_api_shows_a_full_record() -> None:
+    """A trial with the full record, decoded as results decode it and validated as the API
+    answers it: every field the runner wrote is in the answer."""
+    study = optuna.create_study(storage=optuna.storages.InMemoryStorage())
+    record = _full_record()
+    trial = study.ask()
+    for key, value in record.to_attrs().items():
+        trial.set_user_attr(key, value)
+    study.tell(trial, 3.5)
+    read = TrialRead.model_validate(_row(study.get_trials()[0], ["val_loss"], None).as_dict())
+    assert record.train is not None and record.seeds is not None
+    run = read.train[0].model_dump()
+    assert {k: run[k] for k in record.train[0]} == record.train[0]
+    assert read.metrics["val_bpb"] == record.bpb and read.metrics["params"] == 1000.0
+    assert read.lost is False and read.retry_of == 3 and read.suspect == 1
+    assert read.seed_stats == {k: v for k, v in record.seeds.items() if k != "values"}
+    assert read.seeds == [3.5] and read.waiting == 0
+    assert read.rungs[0].model_dump() == record.rungs[0]  # type: ignore[index]
+    assert not math.isnan(read.train[0].final_val_bpb or math.nan)
