@@ -121,7 +121,7 @@ class RungRecord(TypedDict):
 SHOWN_AS = {TrialAttr.COSTS: "metrics", TrialAttr.BPB: "metrics", TrialAttr.SEEDS: "seed_stats"}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class TrialRecord:
     """What the service writes on a trial, typed: each field is the `TrialAttr` of its name
     (`seeds` is `TrialAttr.SEEDS`, stored as `val_loss_seeds`). A record holds what one
@@ -149,12 +149,12 @@ class TrialRecord:
     def to_attrs(self) -> dict[str, Any]:
         """The user attributes to write: every field set, and `nulls` as null."""
         out: dict[str, Any] = {}
-        for key in TrialAttr:
-            value = getattr(self, key.name.lower())
+        for key, name in _FIELD_OF.items():
+            value = getattr(self, name)
             if value is not None:
-                out[key.value] = value
+                out[key] = value
             elif key in self.nulls:
-                out[key.value] = None
+                out[key] = None
         return out
 
     @classmethod
@@ -162,20 +162,25 @@ class TrialRecord:
         """A trial's record from its user attributes; keys the service never writes, and
         a `waiting` or `rungs` not of the written shape, are left out."""
         values: dict[str, Any] = {}
-        nulls: set[TrialAttr] = set()
-        for key in TrialAttr:
-            if key not in attrs:
+        nulls: list[TrialAttr] = []
+        for key, value in attrs.items():  # a trial's few attributes: read once per trial
+            name = _FIELD_OF.get(key)
+            if name is None:
                 continue
-            value = attrs[key]
             if value is None:
-                nulls.add(key)
+                nulls.append(TrialAttr(key))
             else:
-                values[key.name.lower()] = value
-        if not isinstance(values.get("waiting"), int) or isinstance(values["waiting"], bool):
-            values.pop("waiting", None)
+                values[name] = value
+        waiting = values.get("waiting")
+        if waiting is not None and (not isinstance(waiting, int) or isinstance(waiting, bool)):
+            del values["waiting"]
         if "rungs" in values:
             values["rungs"] = rung_records(values["rungs"])
-        return cls(**values, nulls=frozenset(nulls))
+        return cls(**values, nulls=frozenset(nulls)) if nulls else cls(**values)
+
+
+#: Every attribute key → its `TrialRecord` field.
+_FIELD_OF = {key.value: key.name.lower() for key in TrialAttr}
 
 
 def rung_records(value: Any) -> list[RungRecord]:
