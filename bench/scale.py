@@ -228,20 +228,19 @@ def check_trials(url: str, study_name: str, n_trials: int) -> dict[str, Any]:
     import optuna
     from optuna.trial import TrialState
 
-    from nas_service.runner.recovery import ATTR_RETRY_OF
-    from nas_service.search.study import ATTR_LOST
     from nas_service.store.jobs import optuna_storage
+    from nas_service.store.records import TrialAttr
 
     study = optuna.load_study(study_name=study_name, storage=optuna_storage(url))
     trials = study.get_trials(deepcopy=False)
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    counted = [t for t in trials if t.state in finished and not t.user_attrs.get(ATTR_LOST)]
+    counted = [t for t in trials if t.state in finished and not t.user_attrs.get(TrialAttr.LOST)]
     by_number = {t.number: t for t in trials}
-    left = [t for t in trials if t.user_attrs.get(ATTR_LOST)]
+    left = [t for t in trials if t.user_attrs.get(TrialAttr.LOST)]
     retries: dict[int, list[Any]] = {}
     for t in trials:
-        if t.user_attrs.get(ATTR_RETRY_OF) is not None:
-            retries.setdefault(int(t.user_attrs[ATTR_RETRY_OF]), []).append(t)
+        if t.user_attrs.get(TrialAttr.RETRY_OF) is not None:
+            retries.setdefault(int(t.user_attrs[TrialAttr.RETRY_OF]), []).append(t)
     counted_ids = {t.number for t in counted}
 
     def descendant_counted(number: int, depth: int = 0) -> int:
@@ -250,7 +249,7 @@ def check_trials(url: str, study_name: str, n_trials: int) -> dict[str, Any]:
         for r in retries.get(number, []):
             if r.number in counted_ids:
                 total += 1
-            elif r.user_attrs.get(ATTR_LOST) and depth < 10:
+            elif r.user_attrs.get(TrialAttr.LOST) and depth < 10:
                 total += descendant_counted(r.number, depth + 1)
         return total
 
@@ -261,7 +260,7 @@ def check_trials(url: str, study_name: str, n_trials: int) -> dict[str, Any]:
     # that asked the trial, before recording it: then none were recorded, and the retry is
     # sampled afresh (`nas_service.runner.recovery`)
     originals = [
-        (by_number[int(r.user_attrs[ATTR_RETRY_OF])], r) for rs in retries.values() for r in rs
+        (by_number[int(r.user_attrs[TrialAttr.RETRY_OF])], r) for rs in retries.values() for r in rs
     ]
     same_params = all(t.params == r.params for t, r in originals if t.params)
     afresh = sum(1 for t, _ in originals if not t.params)

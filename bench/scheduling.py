@@ -25,6 +25,7 @@ from nas_service.runner.loop import Runner, connect_ray
 from nas_service.settings import ClusterSettings, get_settings
 from nas_service.store import make_engine, make_sessionmaker, upgrade
 from nas_service.store.jobs import optuna_storage
+from nas_service.store.records import TrialAttr
 
 
 def one_run(url: str, trials: int, slots: int, tokens: int) -> dict[str, float]:
@@ -52,7 +53,7 @@ def one_run(url: str, trials: int, slots: int, tokens: int) -> dict[str, float]:
     Runner(settings).run(timeout_s=1800, poll_s=0.05)
     makespan = time.perf_counter() - start
     study = optuna.load_study(study_name=job.study_name, storage=optuna_storage(url))
-    busy = sum(t.user_attrs["train"][0]["wall_time_s"] for t in study.trials)
+    busy = sum(t.user_attrs[TrialAttr.TRAIN][0]["wall_time_s"] for t in study.trials)
     ideal = busy / slots
     return {"makespan_s": makespan, "ideal_s": ideal, "ratio": makespan / ideal}
 

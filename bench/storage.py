@@ -38,6 +38,7 @@ def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
     import optuna
 
     from nas_service.store.jobs import optuna_storage
+    from nas_service.store.records import TrialAttr
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=optuna_storage(url))
@@ -46,8 +47,8 @@ def _worker(url: str, name: str, cycles: int, barrier: object) -> None:
     for i in range(cycles):
         trial = study.ask()
         x = trial.suggest_int("n_layers", 1, 32)
-        trial.set_user_attr("arch", {"n_layers": x, "d_model": 64 * i})
-        trial.set_user_attr("costs", costs)
+        trial.set_user_attr(TrialAttr.ARCH, {"n_layers": x, "d_model": 64 * i})
+        trial.set_user_attr(TrialAttr.COSTS, costs)
         study.tell(trial, [float(x), float(i)])
 
 

@@ -46,10 +46,9 @@ from nas_service.results.rows import SettingKey as SettingKey
 from nas_service.results.rows import TrialRow as TrialRow
 from nas_service.results.rows import _finite, _loss_or_none
 from nas_service.results.rows import setting_key as setting_key
-from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING
-from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
 from nas_service.store import Job, TrialOutcome, TrialRun, TrialStatus
 from nas_service.store.jobs import stored_spec
+from nas_service.store.records import SettingRecord, TrainRun, TrialAttr, TrialRecord
 from nas_service.store.trial_tables import StoredTrial, read_trials
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,7 @@ Fingerprint = tuple[int, bool, tuple[Any, ...]]
 
 
 def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:
-    value = t.user_attrs.get(ATTR_OUTCOME)
+    value = t.user_attrs.get(TrialAttr.OUTCOME)
     if value is None:
         return TrialOutcome.RUNNING if t.state == TrialState.RUNNING else ""
     try:
@@ -80,19 +79,19 @@ def _outcome(t: StoredTrial | FrozenTrial) -> TrialOutcome | str:
 
 
 def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | None) -> TrialRow:
-    attrs = t.user_attrs
-    metrics = dict(attrs.get("costs", {}))
-    train = attrs.get("train", [])
+    rec = TrialRecord.from_attrs(t.user_attrs)
+    metrics = dict(rec.costs or {})
+    train = rec.train or []
     if t.state == TrialState.COMPLETE and t.values is not None:
         for name, value in zip(objectives, t.values, strict=False):
             metrics[name] = value
-    elif train and train[0].get("final_val_loss") is not None:
-        metrics["val_loss"] = train[0]["final_val_loss"]
-    seeds = attrs.get("val_loss_seeds") or {}
+    elif train and (first_loss := train[0].get("final_val_loss")) is not None:
+        metrics["val_loss"] = first_loss
+    seeds: Any = rec.seeds or {}
     if "val_loss" not in metrics and isinstance(seeds.get("mean"), int | float):
         metrics["val_loss"] = float(seeds["mean"])  # a job whose objective is val_bpb
     if "val_bpb" not in metrics:  # the loss in bits per byte, where the corpus is text
-        bpb = attrs.get("val_bpb") if t.state == TrialState.COMPLETE else None
+        bpb = rec.bpb if t.state == TrialState.COMPLETE else None
         if bpb is None and "val_loss" in metrics and train and t.state != TrialState.COMPLETE:
             bpb = train[0].get("final_val_bpb")
         if isinstance(bpb, int | float) and not isinstance(bpb, bool):
@@ -100,43 +99,53 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
     duration = None
     if t.datetime_start and t.datetime_complete:
         duration = (t.datetime_complete - t.datetime_start).total_seconds()
-    setting = {str(k): float(v) for k, v in (attrs.get("setting") or {}).items()}
-    settings = [
+    setting = {str(k): float(v) for k, v in (rec.setting or {}).items()}
+    settings: list[SettingRecord] = [
         {
             "setting": {str(k): float(v) for k, v in (e.get("setting") or {}).items()},
             "losses": [_loss_or_none(v) for v in e.get("losses", [])],
             "mean": _loss_or_none(e.get("mean")),
         }
-        for e in attrs.get("settings") or []
+        for e in rec.settings or []
     ]
     return TrialRow(
         number=t.number,
         state=STATE_NAMES[t.state],
         outcome=_outcome(t),
-        reason=str(attrs.get("reason", "")),
+        reason=str(rec.reason or ""),
         params=dict(t.params),
-        arch=dict(attrs.get("arch", {})),
+        arch=dict(rec.arch or {}),
         metrics=metrics,
         values=list(t.values) if t.values is not None else None,
         train=train,
-        curve=attrs.get("curve", []),
-        lost=bool(attrs.get(ATTR_LOST)),
+        curve=rec.curve or [],
+        lost=bool(rec.lost),
         duration_s=duration,
         budget=float(t.params["budget"]) if "budget" in t.params else budget,
         trial_id=t.trial_id if isinstance(t, StoredTrial) else t._trial_id,
         setting=setting,
         settings=settings,
-        seeds=_seeds(attrs, train, setting, settings),
-        rungs=[r for r in attrs.get(ATTR_RUNGS) or [] if isinstance(r, dict)],
-        waiting=waiting if isinstance(waiting := attrs.get(ATTR_WAITING), int) else None,
+        seeds=_seeds(seeds, train, setting, settings),
+        rungs=rec.rungs or [],
+        waiting=rec.waiting,
+        retry_of=rec.retry_of,
+        suspect=rec.suspect,
+        seed_stats=_seed_stats(seeds),
     )
 
 
+def _seed_stats(seeds: Any) -> dict[str, float] | None:
+    """The chosen setting's seed statistics (`val_loss_seeds`: mean, std, min, max), the
+    finite ones; None when the trial has none."""
+    stats = {k: float(v) for k, v in seeds.items() if k != "values" and _finite(v)}
+    return stats or None
+
+
 def _seeds(
-    attrs: dict[str, Any],
-    train: list[dict[str, Any]],
+    stats: Any,
+    train: list[TrainRun],
     setting: dict[str, float],
-    settings: list[dict[str, Any]],
+    settings: list[SettingRecord],
 ) -> list[float | None]:
     """The chosen setting's final loss per seed: from its `settings` entry, else from
     `val_loss_seeds` (older trials); a trial still training: its finished runs at the
@@ -145,7 +154,7 @@ def _seeds(
     for entry in settings:
         if setting_key(entry["setting"]) == chosen:
             return list(entry["losses"])
-    values = (attrs.get("val_loss_seeds") or {}).get("values")
+    values = stats.get("values")
     if values is not None:
         return [_loss_or_none(v) for v in values]
     if not train:

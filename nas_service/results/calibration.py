@@ -64,6 +64,7 @@ from nas_service.results.reads import (
 from nas_service.store import Job
 from nas_service.store.jobs import stored_spec
 from nas_service.store.optuna_storage import rdb_storage
+from nas_service.store.records import TrainRun
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.
 CLUSTER_JOBS = 200
@@ -82,7 +83,7 @@ def preset_of(device_kind: str) -> str | None:
     return next((p for name, p in CUDA_PRESETS.items() if name in upper), None)
 
 
-def device_kind(run: dict[str, Any]) -> str:
+def device_kind(run: TrainRun) -> str:
     """A run's device kind: its recorded device name, else its device ("cpu", "cuda")."""
     return str(run.get("device_name") or run.get("device") or "unknown")
 
@@ -113,7 +114,7 @@ class Point:
     memory: dict[str, Any] = field(default_factory=dict)
 
 
-def _run_step_s(run: dict[str, Any], tokens_per_step: int) -> float | None:
+def _run_step_s(run: TrainRun, tokens_per_step: int) -> float | None:
     rate = run.get("tokens_per_s")
     if run.get("status") not in MEASURED_STATUSES or not isinstance(rate, int | float):
         return None
@@ -138,7 +139,7 @@ def trial_points(
     for row in rows:
         if row.lost or not row.train or not row.arch:
             continue
-        by_kind: dict[str, list[dict[str, Any]]] = {}
+        by_kind: dict[str, list[TrainRun]] = {}
         for run in row.train:
             if isinstance(run, dict):
                 by_kind.setdefault(device_kind(run), []).append(run)
@@ -178,7 +179,7 @@ def trial_points(
     return points, skipped
 
 
-def _memory(cfg: ArchConfig, workload: Workload, runs: list[dict[str, Any]]) -> dict[str, Any]:
+def _memory(cfg: ArchConfig, workload: Workload, runs: list[TrainRun]) -> dict[str, Any]:
     """The measured peak memory (median over runs, its kind) beside the analytic training
     memory of the step the worker ran (`cost_model.training_memory`): in all, activations
     (saved tensors) and state (weights, gradients, AdamW)."""

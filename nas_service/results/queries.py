@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
@@ -137,7 +137,7 @@ def _tally(job: Job, stored: JobSpec | None, kind: str, results: JobResults) -> 
     outcome = [r.outcome for r in counted]
     fidelity = stored is not None and stored.fidelity is not None
     plan = _run_plan(stored, rows, counted, job.n_trials)
-    key = "flops_spent" if kind == "flops" else "tokens_seen"
+    key: Literal["flops_spent", "tokens_seen"] = "flops_spent" if kind == "flops" else "tokens_seen"
     return Tally(
         progress=Progress(
             counted=len(counted),

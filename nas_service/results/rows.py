@@ -13,6 +13,7 @@ from typing import Any
 
 from nas_service.spec.space import encode_residual
 from nas_service.store import TrialOutcome, TrialStatus
+from nas_service.store.records import RungRecord, SettingRecord, TrainRun
 
 #: A training setting as a hashable key (its items sorted).
 SettingKey = tuple[tuple[str, float], ...]
@@ -32,7 +33,7 @@ class TrialRow:
     arch: dict[str, Any]
     metrics: dict[str, float]
     values: list[float] | None
-    train: list[dict[str, Any]]
+    train: list[TrainRun]
     curve: list[list[float]]
     lost: bool
     duration_s: float | None
@@ -41,13 +42,17 @@ class TrialRow:
     #: the chosen training setting (every axis's effective value; {} for older trials)
     setting: dict[str, float] = field(default_factory=dict)
     #: every setting tried: {"setting", "losses" (per seed, None where not finite), "mean"}
-    settings: list[dict[str, Any]] = field(default_factory=list)
+    settings: list[SettingRecord] = field(default_factory=list)
     #: the chosen setting's final validation loss per seed, in seed order
     seeds: list[float | None] = field(default_factory=list)
     #: multi-fidelity: every rung trained ({rung, fraction, loss, promoted, ...}), and the
     #: rung the trial waits at for promotion (None: training, or done)
-    rungs: list[dict[str, Any]] = field(default_factory=list)
+    rungs: list[RungRecord] = field(default_factory=list)
     waiting: int | None = None
+    retry_of: int | None = None  # the lost trial this one retries
+    suspect: int | None = None  # suspect stops in a row of its candidate (recovery's count)
+    #: the chosen setting's seed statistics (mean, std, min, max; None: not finished)
+    seed_stats: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         self.state = TrialStatus(self.state)  # a plain string of the vocabulary is taken too
@@ -123,6 +128,10 @@ class TrialRow:
             "seeds": self.seeds,
             "rungs": self.rungs,
             "waiting": self.waiting,
+            "seed_stats": self.seed_stats,
+            "lost": self.lost,
+            "retry_of": self.retry_of,
+            "suspect": self.suspect,
         }
         if curve:
             out["curve"] = self.curve

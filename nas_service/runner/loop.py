@@ -55,8 +55,6 @@ from nas_service.runner.failures import describe, is_database_outage
 from nas_service.runner.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
 from nas_service.runner.recovery import Stops, jobs_to_recover, record_event, recover_job
 from nas_service.search.rungs import (
-    ATTR_RUNGS,
-    ATTR_WAITING,
     Ladder,
     Waiting,
     describe_fidelity,
@@ -66,10 +64,6 @@ from nas_service.search.rungs import (
     records,
 )
 from nas_service.search.study import (
-    ATTR_ARCH,
-    ATTR_COSTS,
-    ATTR_LOST,
-    ATTR_TRAIN,
     Layouts,
     load_study,
     price_candidate,
@@ -94,6 +88,7 @@ from nas_service.store.jobs import active_jobs, optuna_storage, stored_spec
 from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.store.optuna_compat import check_optuna
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
+from nas_service.store.records import TrialAttr, TrialRecord
 from workers.contract import EvalPoint, TrainResult
 
 __all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
@@ -144,7 +139,7 @@ class Runner(TrialOutcomes):
         self.Session = make_sessionmaker(self.engine)
         # it owns its jobs' unfinished trials (the lease): re-read only those it wrote
         self.storage: optuna.storages.BaseStorage = OwnedTrials(
-            optuna_storage(settings.database_url), uncounted=ATTR_LOST
+            optuna_storage(settings.database_url), uncounted=TrialAttr.LOST
         )
         self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
         self.flights: list[Flight] = []
@@ -184,12 +179,12 @@ class Runner(TrialOutcomes):
         """The study's finished trials that count towards `n_trials` (lost ones don't): the
         runner's storage keeps the count (`OwnedTrials.finished_count`); any other counts."""
         storage = study._storage
-        if isinstance(storage, OwnedTrials) and storage.uncounted == ATTR_LOST:
+        if isinstance(storage, OwnedTrials) and storage.uncounted == TrialAttr.LOST:
             return storage.finished_count(study._study_id, COUNTED)
         return sum(
             1
             for t in study.get_trials(deepcopy=False, states=COUNTED)
-            if not t.user_attrs.get(ATTR_LOST)
+            if not t.user_attrs.get(TrialAttr.LOST)
         )
 
     # -- recovery ------------------------------------------------------------------------
@@ -422,13 +417,14 @@ class Runner(TrialOutcomes):
         try:
             recs = records(w.trial)
             recs[-1] = recs[-1] | {"promoted": True}
-            set_user_attrs(study, trial, {ATTR_RUNGS: recs, ATTR_WAITING: None})
+            promoted = TrialRecord(rungs=recs, nulls=frozenset({TrialAttr.WAITING}))
+            set_user_attrs(study, trial, promoted.to_attrs())
             params = dict(w.trial.params)
             priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
             if priced.train_spec is None:
                 raise RuntimeError(f"the candidate is no longer trainable: {priced.reason}")
             settings = tune_settings(spec, params)
-            earlier = list(w.trial.user_attrs.get(ATTR_TRAIN, []))
+            earlier = list(w.trial.user_attrs.get(TrialAttr.TRAIN, []))
             run_id = self._new_run(job_id, number, params, attempt=1)
             flight = Flight(
                 job_id,
@@ -536,8 +532,7 @@ class Runner(TrialOutcomes):
         try:
             params = suggest(trial, spec)
             priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
-            arch = {ATTR_ARCH: priced.arch_dict} if priced.arch_dict is not None else {}
-            attrs = arch | {ATTR_COSTS: priced.metrics}
+            attrs = TrialRecord(arch=priced.arch_dict, costs=priced.metrics).to_attrs()
             if priced.outcome != "train":  # infeasible or over a constraint: never trained
                 set_user_attrs(study, trial, attrs)
                 outcome = TrialOutcome(priced.outcome)

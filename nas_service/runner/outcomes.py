@@ -59,19 +59,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from nas_service.runner.backend import Backend
 from nas_service.runner.failures import _task_cause, describe, is_database_outage
 from nas_service.search.rungs import (
-    ATTR_RUNGS,
-    ATTR_WAITING,
     checkpoint_key,
     n_rungs,
     rung_spec,
     trial_prefix,
 )
 from nas_service.search.study import (
-    ATTR_CURVE,
-    ATTR_LOST,
-    ATTR_OUTCOME,
-    ATTR_REASON,
-    ATTR_TRAIN,
     Priced,
     bpb_per_loss,
     cannot_reach_front,
@@ -87,6 +80,13 @@ from nas_service.spec import JobSpec
 from nas_service.spec.checks import _scrub
 from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs, tell
+from nas_service.store.records import (
+    RungRecord,
+    SettingRecord,
+    TrainRun,
+    TrialAttr,
+    TrialRecord,
+)
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore, StoreError
 
@@ -94,11 +94,6 @@ log = logging.getLogger(__name__)
 
 MAX_ATTEMPTS = 3  # a candidate whose worker dies is tried this many times, then failed
 STORE_RETRY_MAX_S = 60.0  # the longest pause after an artifact store fault
-
-ATTR_SETTING = "setting"  # the chosen setting
-ATTR_SETTINGS = "settings"  # per setting tried: {"setting", "losses", "mean"}
-ATTR_BPB = "val_bpb"  # the val_loss objective in bits per byte (None: no text)
-ATTR_SEEDS = "val_loss_seeds"  # the chosen setting's seed statistics and values
 
 
 @dataclass
@@ -132,8 +127,8 @@ class Flight:
     next_run_id: int | None = None  # the next run's row, opened before this one's is closed
     rung: int = 0  # the rung trained (multi-fidelity; 0 without: the one and last rung)
     first: int = 0  # the trial's first rung (its Hyperband bracket)
-    earlier: list[dict[str, Any]] = field(default_factory=list)  # `train` of earlier rungs
-    records: list[dict[str, Any]] = field(default_factory=list)  # `rungs` of earlier rungs
+    earlier: list[TrainRun] = field(default_factory=list)  # `train` of earlier rungs
+    records: list[RungRecord] = field(default_factory=list)  # `rungs` of earlier rungs
 
     @property
     def plan(self) -> list[tuple[int, int]]:
@@ -165,7 +160,7 @@ class Flight:
     def last_rung(self) -> bool:
         return self.rung == n_rungs(self.spec) - 1
 
-    def summaries(self) -> list[dict[str, Any]]:
+    def summaries(self) -> list[TrainRun]:
         """The `train` attribute: every finished run's summary (earlier rungs' first), its
         seed, setting, rung and evaluation curve."""
         return self.earlier + [
@@ -179,14 +174,14 @@ class Flight:
             for r in self.runs
         ]
 
-    def table(self) -> list[dict[str, Any]]:
+    def table(self) -> list[SettingRecord]:
         """The `settings` attribute: per setting, its seeds' final losses and their mean."""
         losses: dict[tuple[int, int], float | None] = {}
         for r in self.runs:
             loss = r.result.final_val_loss
             ok = r.result.status != "diverged" and math.isfinite(loss)
             losses[r.setting, r.seed] = loss if ok else None
-        rows = []
+        rows: list[SettingRecord] = []
         for s, setting in enumerate(self.settings):
             seeds = [losses.get((s, k)) for k in range(self.spec.seeds)]
             finite = [x for x in seeds if x is not None]
@@ -208,9 +203,9 @@ def conclude(
     attributes, its outcome and reason, then the state (or the objective values) told to the
     study. A trial concluded already (a retry after an outage, a recovery) is left as it is."""
     try:
-        written = (attrs or {}) | {ATTR_OUTCOME: str(outcome)}
+        written = (attrs or {}) | {TrialAttr.OUTCOME: str(outcome)}
         if reason:
-            written[ATTR_REASON] = reason
+            written[TrialAttr.REASON] = reason
         set_user_attrs(study, trial, written)
         tell(study, trial if isinstance(trial, optuna.Trial) else trial.number, values, state)
     except optuna.exceptions.UpdateFinishedTrialError as exc:
@@ -409,7 +404,7 @@ class TrialOutcomes:
                 reason = prune_reason(flight.study.pruner, point.step, point.val_loss)
         else:
             finished = flight.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            curves = [t.user_attrs.get(ATTR_CURVE, []) for t in finished]
+            curves = [t.user_attrs.get(TrialAttr.CURVE, []) for t in finished]
             reason = cannot_reach_front(
                 finished,
                 spec,
@@ -429,7 +424,7 @@ class TrialOutcomes:
             TrialOutcome.PRUNED,
             reason,
             TrialState.PRUNED,
-            attrs={ATTR_CURVE: curve},
+            attrs=TrialRecord(curve=curve).to_attrs(),
         )
         self._finish_run(flight, RunState.PRUNED, reason)
 
@@ -455,13 +450,12 @@ class TrialOutcomes:
                 reason = f"every one of {len(table)} settings diverged; the last: {result.reason}"
             else:
                 reason = result.reason or "no finite final loss"
-            attrs: dict[str, Any] = {
-                ATTR_TRAIN: train,
-                ATTR_CURVE: curve_rows(result.curve),
-                ATTR_SETTINGS: table,
-            }
-            if not flight.tuned:
-                attrs[ATTR_SETTING] = flight.settings[0]
+            attrs = TrialRecord(
+                train=train,
+                curve=curve_rows(result.curve),
+                setting=None if flight.tuned else flight.settings[0],
+                settings=table,
+            ).to_attrs()
             self._tell(
                 flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
             )
@@ -473,14 +467,16 @@ class TrialOutcomes:
         first = next(r for r in flight.runs if r.setting == best and r.seed == 0)
         ratio = bpb_per_loss(first.result.final_val_bpb, first.result.final_val_loss)
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics, ratio)
-        attrs = {
-            ATTR_TRAIN: train,
-            ATTR_CURVE: curve_rows(first.result.curve),
-            ATTR_SETTING: flight.settings[best],
-            ATTR_SETTINGS: table,
-            ATTR_SEEDS: stats | {"values": losses},
-            ATTR_BPB: None if ratio is None else stats["mean"] * ratio,
-        }
+        record = TrialRecord(
+            train=train,
+            curve=curve_rows(first.result.curve),
+            setting=flight.settings[best],
+            settings=table,
+            seeds=stats | {"values": losses},
+            bpb=None if ratio is None else stats["mean"] * ratio,
+            nulls=frozenset({TrialAttr.BPB}),
+        )
+        attrs = record.to_attrs()
         if not all(math.isfinite(v) for v in values):  # val_bpb of a corpus of raw tokens
             reason = (
                 "val_bpb is unknown: the corpus holds raw tokens, not text, so its loss "
@@ -494,7 +490,7 @@ class TrialOutcomes:
         if flight.spec.fidelity is not None:
             assert flight.priced.train_spec is not None
             per_step = flight.priced.train_spec.tokens_per_step
-            record = {
+            rung: RungRecord = {
                 "rung": flight.rung,
                 "fraction": float(flight.spec.fidelity.rungs[flight.rung]),
                 "loss": stats["mean"],
@@ -504,7 +500,7 @@ class TrialOutcomes:
                 "given_up": sorted(flight.given_up),
                 "promoted": False,
             }
-            attrs[ATTR_RUNGS] = [*flight.records, record]
+            attrs[TrialAttr.RUNGS] = [*flight.records, rung]
             if not flight.last_rung:
                 self._pause(flight, attrs, stats["mean"])
                 return
@@ -519,7 +515,7 @@ class TrialOutcomes:
         trial, rung = flight.trial, flight.rung
         if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
             trial.report(loss, rung)
-        set_user_attrs(flight.study, trial, attrs | {ATTR_WAITING: rung})  # one transaction
+        set_user_attrs(flight.study, trial, attrs | {TrialAttr.WAITING: rung})  # one transaction
         waiting = f"rung {rung + 1} of {n_rungs(flight.spec)}: waiting for promotion"
         self._close_run(flight.run_id, RunState.COMPLETED, waiting)
         if flight.next_run_id is not None:
@@ -550,7 +546,7 @@ class TrialOutcomes:
         """Delete a told trial's checkpoints (or, without a number, the job's)."""
         self._delete_artifact(trial_prefix(job_id, number) if number is not None else job_id, True)
 
-    def _next_run(self, flight: Flight, following: int, train: list[dict[str, Any]]) -> None:
+    def _next_run(self, flight: Flight, following: int, train: list[TrainRun]) -> None:
         """Record the finished run and start run `following` of the plan: the `train`
         attribute first, then the next run's row, then the finished run's row closed (so a
         reader that sees the rows change sees the attribute, and the trial always has an open
@@ -558,7 +554,7 @@ class TrialOutcomes:
         run = flight.runs[-1]
         done = f"run {flight.index + 1} of {len(flight.plan)}"
         diverged = run.result.status == "diverged"
-        flight.trial.set_user_attr(ATTR_TRAIN, train)
+        flight.trial.set_user_attr(TrialAttr.TRAIN, train)
         if flight.next_run_id is None:
             flight.next_run_id = self._new_run(
                 flight.job_id, flight.trial.number, flight.priced.params, flight.attempt
@@ -635,7 +631,7 @@ class TrialOutcomes:
                 TrialOutcome.LOST,
                 reason,
                 TrialState.FAIL,
-                attrs={ATTR_LOST: True},
+                attrs=TrialRecord(lost=True).to_attrs(),
             )
             self._finish_run(flight, RunState.FAILED, reason)
 

@@ -55,8 +55,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, aliased, sessionmaker
 
 from nas_service.runner.outcomes import conclude
-from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING, records
-from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME, ATTR_REASON, ATTR_TRAIN
+from nas_service.search.rungs import records
 from nas_service.store import (
     EventKind,
     Job,
@@ -69,6 +68,7 @@ from nas_service.store import (
 )
 from nas_service.store.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
 from nas_service.store.optuna_storage import OwnedTrials, after_trial, set_user_attrs
+from nas_service.store.records import TrialAttr, TrialRecord
 from nas_service.store.trial_tables import studies_with_trials_in
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,6 @@ _RUN_STATE: dict[str, RunState] = {
 }
 
 LOST_REASON = "the runner stopped while it ran"
-ATTR_RETRY_OF = "ds_retry_of"
-ATTR_SUSPECT = "ds_suspect"  # suspect stops in a row of this candidate so far
 
 
 def jobs_to_recover(sessions: sessionmaker[Session], cluster: str) -> list[Job]:
@@ -241,7 +239,7 @@ def recover_job(
     left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     requeued, poisoned = 0, []
     if job.status == JobStatus.RUNNING:
-        retried = {t.user_attrs.get(ATTR_RETRY_OF) for t in study.get_trials(deepcopy=False)}
+        retried = {t.user_attrs.get(TrialAttr.RETRY_OF) for t in study.get_trials(deepcopy=False)}
         with sessions() as s:
             last = last_progress(s) if left else None
         for t in [t for t in left if records(t)]:  # multi-fidelity: back to its last rung
@@ -283,9 +281,9 @@ def recover_job(
                 run.state, run.reason = RunState.FAILED, "poisoned"
             elif run.trial_number in concluded and run.trial_number not in left_numbers:
                 t = concluded[run.trial_number]
-                told = str(t.user_attrs.get(ATTR_OUTCOME))
+                told = str(t.user_attrs.get(TrialAttr.OUTCOME))
                 run.state = _RUN_STATE.get(told, RunState.FAILED)
-                run.reason = str(t.user_attrs.get(ATTR_REASON, ""))
+                run.reason = str(t.user_attrs.get(TrialAttr.REASON, ""))
             else:
                 run.state, run.reason = run_state, run_reason
     if requeued:
@@ -315,9 +313,9 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
     the sampler told of each failure first, as `tell` tells it; elsewhere (or should a
     trial have been concluded meanwhile) a trial at a time — on the runner's storage
     without telling the sampler again (`_fail_lost`)."""
-    attrs = {ATTR_LOST: True, ATTR_OUTCOME: str(TrialOutcome.LOST), ATTR_REASON: LOST_REASON}
+    attrs = TrialRecord(lost=True, outcome=str(TrialOutcome.LOST), reason=LOST_REASON).to_attrs()
     retries = [
-        (dict(t.params), {ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect})
+        (dict(t.params), TrialRecord(retry_of=t.number, suspect=suspect).to_attrs())
         for t, suspect in lost
         if t.number not in retried
     ]
@@ -342,7 +340,8 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
     for t, suspect in lost:
         if t.number not in retried:
             study.enqueue_trial(
-                dict(t.params), user_attrs={ATTR_RETRY_OF: t.number, ATTR_SUSPECT: suspect}
+                dict(t.params),
+                user_attrs=TrialRecord(retry_of=t.number, suspect=suspect).to_attrs(),
             )
         if told:  # the sampler was told already
             _fail_lost(study, t, attrs)
@@ -353,7 +352,7 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
                 TrialOutcome.LOST,
                 LOST_REASON,
                 TrialState.FAIL,
-                attrs={ATTR_LOST: True},
+                attrs=TrialRecord(lost=True).to_attrs(),
             )
     if failure is not None:
         raise failure
@@ -387,7 +386,7 @@ def _resume(
     (`progressed`: `last_progress`), is failed as poisoned (True)."""
     recs = records(t)
     last = recs[-1]
-    waiting = t.user_attrs.get(ATTR_WAITING) == last.get("rung") and not last.get("promoted")
+    waiting = t.user_attrs.get(TrialAttr.WAITING) == last.get("rung") and not last.get("promoted")
     with sessions() as s:
         started = s.scalar(
             select(func.max(TrialRun.started_at)).where(
@@ -408,13 +407,13 @@ def _resume(
         conclude(study, t, TrialOutcome.FAILED, reason, TrialState.FAIL)
         return True
     rung = int(last.get("rung", 0))
-    train = t.user_attrs.get(ATTR_TRAIN, [])
+    train = t.user_attrs.get(TrialAttr.TRAIN, [])
     kept = [r for r in train if isinstance(r, dict) and int(r.get("rung", 0)) <= rung]
     storage, tid = study._storage, t._trial_id
-    storage.set_trial_user_attr(tid, ATTR_SUSPECT, suspect)
-    storage.set_trial_user_attr(tid, ATTR_TRAIN, kept)
-    storage.set_trial_user_attr(tid, ATTR_RUNGS, [*recs[:-1], last | {"promoted": False}])
-    storage.set_trial_user_attr(tid, ATTR_WAITING, rung)
+    storage.set_trial_user_attr(tid, TrialAttr.SUSPECT, suspect)
+    storage.set_trial_user_attr(tid, TrialAttr.TRAIN, kept)
+    storage.set_trial_user_attr(tid, TrialAttr.RUNGS, [*recs[:-1], last | {"promoted": False}])
+    storage.set_trial_user_attr(tid, TrialAttr.WAITING, rung)
     return False
 
 
@@ -431,7 +430,7 @@ def _suspect_after(
 
 
 def _suspect(t: FrozenTrial) -> int:
-    value = t.user_attrs.get(ATTR_SUSPECT, 0)
+    value = t.user_attrs.get(TrialAttr.SUSPECT, 0)
     return value if isinstance(value, int) else 0
 
 

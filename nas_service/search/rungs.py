@@ -3,9 +3,9 @@ record a trial keeps of each rung it trained, and the trials waiting for promoti
 rules themselves (brackets, promotion order, ⌊n/η⌋) are `nas_service.search.fidelity`'s; the runner
 (`nas_service.runner.loop`, `nas_service.runner.outcomes`) applies them.
 
-A trial of bracket b trains rung b, then waits: its record of the rung (`ATTR_RUNGS`) holds
+A trial of bracket b trains rung b, then waits: its record of the rung (`TrialAttr.RUNGS`) holds
 the rung's loss (the best setting's mean over seeds, as a finished trial's) and its
-objective vector; `ATTR_WAITING` names the rung it waits at. The runner promotes it when it
+objective vector; `TrialAttr.WAITING` names the rung it waits at. The runner promotes it when it
 is among the best ⌊n/η⌋ of the n results at that rung of its bracket (ASHA), trains the next
 rung, and so on to the last rung, where the trial is told as any other. A trial that can
 never be promoted, or is left waiting when the job has nothing else to do, is told pruned at
@@ -47,10 +47,8 @@ from nas_service.search.fidelity import (
     settled_position,
 )
 from nas_service.spec import JobSpec
+from nas_service.store.records import RungRecord, TrialAttr, rung_records
 from workers.contract import TrainSpec
-
-ATTR_RUNGS = "rungs"  # per rung trained: {rung, fraction, loss, values, steps, tokens, promoted}
-ATTR_WAITING = "waiting"  # the rung a trial waits at for promotion; None while it trains
 
 
 def n_rungs(spec: JobSpec) -> int:
@@ -157,12 +155,11 @@ class Waiting:
     result: Result
 
 
-def records(trial: FrozenTrial) -> list[dict[str, Any]]:
-    value = trial.user_attrs.get(ATTR_RUNGS)
-    return [r for r in value if isinstance(r, dict)] if isinstance(value, list) else []
+def records(trial: FrozenTrial) -> list[RungRecord]:
+    return rung_records(trial.user_attrs.get(TrialAttr.RUNGS))
 
 
-def _result(trial: FrozenTrial, record: dict[str, Any]) -> Result:
+def _result(trial: FrozenTrial, record: RungRecord) -> Result:
     loss = record.get("loss")
     values = record.get("values") or []
     return Result(
@@ -198,7 +195,7 @@ class Ladder:
                 results.setdefault(where, []).append(_result(t, rec))
                 if rec.get("promoted"):
                     promoted.setdefault(where, set()).add(t.number)
-            at = t.user_attrs.get(ATTR_WAITING)
+            at = t.user_attrs.get(TrialAttr.WAITING)
             if t.state == TrialState.RUNNING and isinstance(at, int) and t.number not in in_flight:
                 last = recs[-1]
                 if int(last.get("rung", -1)) == at and not last.get("promoted"):

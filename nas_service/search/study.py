@@ -76,16 +76,10 @@ from nas_service.spec import (
     space_size,
 )
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
+from nas_service.store.records import SeedStats, StudyAttr, TrainRun
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 # user attributes the service writes on trials
-ATTR_ARCH = "arch"
-ATTR_COSTS = "costs"
-ATTR_OUTCOME = "outcome"  # completed | pruned | infeasible | over_constraint | diverged | failed
-ATTR_REASON = "reason"
-ATTR_TRAIN = "train"
-ATTR_CURVE = "curve"
-ATTR_LOST = "ds_lost"  # failed by a crash of the service and re-enqueued: does not count
 
 
 def grid_space(spec: JobSpec) -> dict[str, list[Any]]:
@@ -155,7 +149,7 @@ def create_study(spec: JobSpec, storage: optuna.storages.BaseStorage, name: str)
     with warnings.catch_warnings():  # metric names are "experimental" in Optuna, and harmless
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.set_metric_names(list(spec.objectives))
-    study.set_user_attr("objectives", list(spec.objectives))
+    study.set_user_attr(StudyAttr.OBJECTIVES, list(spec.objectives))
     return study
 
 
@@ -535,7 +529,7 @@ def bpb_per_loss(val_bpb: float, val_loss: float) -> float | None:
     return ratio if math.isfinite(ratio) else None
 
 
-def train_summary(result: TrainResult) -> dict[str, Any]:
+def train_summary(result: TrainResult) -> TrainRun:
     """What a trial keeps of a training run (the curve is kept apart)."""
     return {
         "status": result.status,
@@ -569,7 +563,7 @@ def _finite(x: float) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def seed_statistics(losses: list[float]) -> dict[str, float]:
+def seed_statistics(losses: list[float]) -> SeedStats:
     return {
         "mean": statistics.fmean(losses),
         "std": statistics.stdev(losses) if len(losses) > 1 else 0.0,

@@ -8,10 +8,10 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from nas_service.search.study import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
 from nas_service.store import Job, make_engine, make_sessionmaker, upgrade
 from nas_service.store.jobs import optuna_storage
+from nas_service.store.records import TrialAttr
 
 #: The service tests' tiny job: two depths, two widths, baseline and Block AttnRes (S = 1),
 #: trained in about a second per trial on the built-in corpus. Tests vary it with `|`.
@@ -49,4 +49,4 @@ def study_of(url: str, job: Job) -> optuna.Study:
 def counted(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The trials that count towards n_trials: finished, and not lost to a crash."""
     states = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(ATTR_LOST)]
+    return [t for t in study.get_trials(states=states) if not t.user_attrs.get(TrialAttr.LOST)]

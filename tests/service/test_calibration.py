@@ -9,7 +9,7 @@ import argparse
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,6 +21,7 @@ from nas_service.results.answers import TrialRow
 from nas_service.results.calibration import preset_of, trial_points
 from nas_service.spec import Training, parse_spec, read_stored
 from nas_service.store import TrialOutcome, TrialStatus
+from nas_service.store.records import TrainRun
 from tests.service.jobkit import TINY, setup, study_of
 
 #: Eight trials (the minimum for a fit), each in about a second: two depths, two widths, two
@@ -181,7 +182,7 @@ def test_bad_queries_are_4xx_naming_the_field(client: TestClient) -> None:
 # -- the grouping rules on hand-made rows ----------------------------------------------------
 
 
-def row(number: int, runs: list[dict[str, Any]], d_model: int = 32) -> TrialRow:
+def row(number: int, runs: list[TrainRun], d_model: int = 32) -> TrialRow:
     arch = ArchConfig(n_layers=1, d_model=d_model, n_heads=2, seq_len=32).to_dict()
     return TrialRow(
         number=number,
@@ -199,8 +200,9 @@ def row(number: int, runs: list[dict[str, Any]], d_model: int = 32) -> TrialRow:
     )
 
 
-def run(rate: float, **kw: Any) -> dict[str, Any]:
-    return {"status": "completed", "steps": 10, "tokens_per_s": rate, "device": "cpu"} | kw
+def run(rate: float, **kw: Any) -> TrainRun:
+    base = {"status": "completed", "steps": 10, "tokens_per_s": rate, "device": "cpu"}
+    return cast(TrainRun, base | kw)
 
 
 #: The job's spec as stored: only the batch size matters to a trial's step (read back through

@@ -28,9 +28,9 @@ import pytest
 from optuna.trial import TrialState
 from sqlalchemy import select
 
-from nas_service.search.study import ATTR_LOST
 from nas_service.store import JobEvent, RunnerLease, TrialRun, make_engine, make_sessionmaker
 from nas_service.store.jobs import optuna_storage
+from nas_service.store.records import TrialAttr
 from tests.service import procs
 from tests.service.jobkit import TINY
 from tests.service.pg_private import PrivatePostgres
@@ -191,7 +191,9 @@ class StudyView:
         return self.study.get_trials(deepcopy=False)
 
     def counted(self) -> list[optuna.trial.FrozenTrial]:
-        return [t for t in self.trials() if t.state in COUNTED and not t.user_attrs.get(ATTR_LOST)]
+        return [
+            t for t in self.trials() if t.state in COUNTED and not t.user_attrs.get(TrialAttr.LOST)
+        ]
 
     def running(self) -> list[optuna.trial.FrozenTrial]:
         return [t for t in self.trials() if t.state == TrialState.RUNNING]
@@ -200,7 +202,7 @@ class StudyView:
         return {
             t.number: list(t.values)
             for t in self.trials()
-            if t.state == TrialState.COMPLETE and not t.user_attrs.get(ATTR_LOST)
+            if t.state == TrialState.COMPLETE and not t.user_attrs.get(TrialAttr.LOST)
         }
 
     def wait(self, done_at_least: int, running_at_least: int, timeout: float, svc: Service) -> None:
@@ -231,11 +233,11 @@ def check_final(
     by_number = {t.number: t for t in trials}
     counted = view.counted()
     assert len(counted) == n_trials, [
-        (t.number, t.state, t.user_attrs.get(ATTR_LOST)) for t in trials
+        (t.number, t.state, t.user_attrs.get(TrialAttr.LOST)) for t in trials
     ]
     left = [t.number for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert not left, f"trials left running or waiting after completion: {left}"
-    lost = {t.number for t in trials if t.user_attrs.get(ATTR_LOST)}
+    lost = {t.number for t in trials if t.user_attrs.get(TrialAttr.LOST)}
     assert all(by_number[n].state == TrialState.FAIL for n in lost)
     retry_of = collections.Counter(
         t.user_attrs[RETRY_OF] for t in trials if RETRY_OF in t.user_attrs

@@ -26,10 +26,11 @@ from nas_service.api.app import create_app
 from nas_service.jobs import submit
 from nas_service.runner.loop import Runner
 from nas_service.search.fidelity import Result, bracket_of, promotion_order
-from nas_service.search.rungs import ATTR_RUNGS, ATTR_WAITING, records
-from nas_service.search.study import ATTR_LOST, ATTR_TRAIN, price_candidate
+from nas_service.search.rungs import records
+from nas_service.search.study import price_candidate
 from nas_service.spec import JobSpec, parse_spec
 from nas_service.store import Job, JobEvent
+from nas_service.store.records import TrialAttr
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 from workers.contract import TrainSpec
@@ -126,13 +127,13 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete, "at least one candidate reached the full budget"
     for t in trials:
-        assert t.user_attrs.get(ATTR_WAITING) is None or t.state != TrialState.RUNNING
+        assert t.user_attrs.get(TrialAttr.WAITING) is None or t.state != TrialState.RUNNING
         if t.state == TrialState.PRUNED:
             assert "stopped at rung" in t.user_attrs["reason"]
     spec = parse_spec(job.spec)
     for t in complete:
         assert [r["rung"] for r in records(t)] == [0, 1, 2]
-        runs = t.user_attrs[ATTR_TRAIN]
+        runs = t.user_attrs[TrialAttr.TRAIN]
         assert [r["rung"] for r in runs] == [0, 1, 2]
         # the main line: 3 + 6 + 18 steps = the straight run's 27; plus a branch per rung
         straight = train(_straight_spec(spec, t))
@@ -154,7 +155,7 @@ def test_a_wsd_job_promotes_the_best_third_and_ends_as_straight_runs(
     per_run = 4 * 32 * STEPS
     assert read["compute"]["budget"] == pytest.approx(9 * per_run * (1 / 9 + 2 / 27 + 2 / 27))
     assert read["compute"]["spent"] == sum(
-        r["tokens_seen"] for t in trials for r in t.user_attrs[ATTR_TRAIN]
+        r["tokens_seen"] for t in trials for r in t.user_attrs[TrialAttr.TRAIN]
     )
     by_number = {t["number"]: t for t in page["items"]}
     for t in trials:
@@ -243,7 +244,7 @@ def test_every_setting_and_seed_of_a_rung_resumes_its_own_checkpoint(
     assert len(trials) == 9
     parsed = parse_spec(job.spec)
     for t in trials:
-        runs = t.user_attrs[ATTR_TRAIN]
+        runs = t.user_attrs[TrialAttr.TRAIN]
         for rec in records(t):
             at = [r for r in runs if r["rung"] == rec["rung"]]
             assert len(at) == 4  # 2 settings × 2 seeds
@@ -281,7 +282,7 @@ def test_retrain_under_cosine_trains_each_rung_from_scratch(
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert complete
     for t in complete:
-        runs = t.user_attrs[ATTR_TRAIN]
+        runs = t.user_attrs[TrialAttr.TRAIN]
         # every rung a run of its own share of the budget, from step 0
         assert [r["steps"] for r in runs] == [3, 9, STEPS]
         assert sum(r["tokens_seen"] for r in runs) == (3 + 9 + STEPS) * 4 * 32
@@ -340,9 +341,9 @@ def test_a_runner_stopped_while_a_promoted_trial_trains_resumes_it(
             assert len(records(t)) >= 2  # the rung it was lost in was trained again
         if t.state == TrialState.COMPLETE:
             assert t.values[0] == train(_straight_spec(spec, t)).final_val_loss
-        rungs = [r["rung"] for r in t.user_attrs[ATTR_TRAIN]]
+        rungs = [r["rung"] for r in t.user_attrs[TrialAttr.TRAIN]]
         assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))  # no rung twice
-        assert math.isfinite(t.user_attrs[ATTR_RUNGS][-1]["loss"])
+        assert math.isfinite(t.user_attrs[TrialAttr.RUNGS][-1]["loss"])
     assert _store_files(store) == []
 
 
@@ -370,7 +371,7 @@ def test_a_runner_sigkilled_while_a_promoted_trial_trains_resumes_it_from_its_ch
             training = [
                 t
                 for t in study.get_trials(states=(TrialState.RUNNING,))
-                if records(t) and t.user_attrs.get(ATTR_WAITING) is None
+                if records(t) and t.user_attrs.get(TrialAttr.WAITING) is None
             ]
             if training:
                 break
@@ -383,7 +384,7 @@ def test_a_runner_sigkilled_while_a_promoted_trial_trains_resumes_it_from_its_ch
     lost = {
         t.number
         for t in study.get_trials(states=(TrialState.RUNNING,))
-        if records(t) and t.user_attrs.get(ATTR_WAITING) is None
+        if records(t) and t.user_attrs.get(TrialAttr.WAITING) is None
     }
     assert lost
     second = subprocess.run(
@@ -395,13 +396,13 @@ def test_a_runner_sigkilled_while_a_promoted_trial_trains_resumes_it_from_its_ch
     assert len(trials) == 9
     # a trial lost in its first rung has no checkpoint: it is re-enqueued as before (lost,
     # not counted); one lost in a later rung is resumed, never re-enqueued
-    requeued = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    requeued = [t for t in study.trials if t.user_attrs.get(TrialAttr.LOST)]
     assert len(study.trials) == 9 + len(requeued)
     assert not lost & {t.number for t in requeued}
     assert all(not records(t) for t in requeued)
     parsed = parse_spec(job.spec)
     for t in trials:
-        rungs = [r["rung"] for r in t.user_attrs[ATTR_TRAIN]]
+        rungs = [r["rung"] for r in t.user_attrs[TrialAttr.TRAIN]]
         assert rungs == sorted(rungs) and len(rungs) == len(set(rungs))
         if t.number in lost:
             assert len(records(t)) >= 2

@@ -22,10 +22,11 @@ from sqlalchemy import select
 
 from nas_service.jobs import cancel, submit
 from nas_service.runner.loop import Runner
-from nas_service.search.study import ATTR_LOST, create_study
+from nas_service.search.study import create_study
 from nas_service.spec import parse_spec
 from nas_service.store import Job, JobEvent, RunnerLease, TrialRun
 from nas_service.store.jobs import optuna_storage
+from nas_service.store.records import TrialAttr
 from tests.service import jobkit
 from tests.service.jobkit import counted, setup, study_of
 from tests.service.procs import kill_session
@@ -223,7 +224,7 @@ def test_a_trial_that_keeps_stopping_the_runner_is_not_retried_forever(
     assert len(trials) == 1  # the poisoned candidate counts: the job ends, exactly n_trials
     assert trials[0].state == TrialState.FAIL and trials[0].number == 2
     assert "poisoned: the runner stopped 3 times in a row" in trials[0].user_attrs["reason"]
-    lost = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    lost = [t for t in study.trials if t.user_attrs.get(TrialAttr.LOST)]
     assert [t.number for t in lost] == [0, 1]
     assert all(t.params == trials[0].params for t in lost)  # one candidate throughout
     assert study.get_trials(states=(TrialState.WAITING, TrialState.RUNNING)) == []

@@ -16,8 +16,9 @@ from nas_service.results.landscape import load_landscape
 from nas_service.runner.loop import Runner
 from nas_service.runner.simulated import SimulatedBackend
 from nas_service.search import study as search
-from nas_service.search.study import ATTR_COSTS, Priced, price_candidate, prime_layouts
+from nas_service.search.study import Priced, price_candidate, prime_layouts
 from nas_service.spec import CALIBRATED, CandidateSpace, JobSpec, enumerate_candidates, parse_spec
+from nas_service.store.records import TrialAttr
 from tests.service.jobkit import setup
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,5 +151,5 @@ def test_the_runner_primes_an_auto_job_and_asks_no_one_candidate_search(
         runner._ask(job.id, active)
     runner._record_asked()  # as at the end of the loop's pass
     assert calls == []
-    costs = [t.user_attrs.get(ATTR_COSTS) for t in active.study.get_trials()]
+    costs = [t.user_attrs.get(TrialAttr.COSTS) for t in active.study.get_trials()]
     assert len(costs) == 6 and any(c and "best_step_time_s" in c for c in costs)

@@ -23,6 +23,7 @@ from nas_service.results.answers import (
     scaling_by_variant,
 )
 from nas_service.store import TrialStatus
+from nas_service.store.records import SettingRecord
 
 BUDGET = 1e15
 #: (d_model, n_layers) at d_model/L_b = 4, 8, …, 256
@@ -54,7 +55,7 @@ def make_row(
 ) -> TrialRow:
     """A completed trial as the runner records it: every setting with its per-seed losses,
     the chosen one the best by mean (its mean the trial's val_loss)."""
-    settings: list[dict[str, Any]] = []
+    settings: list[SettingRecord] = []
     best: tuple[float, dict[str, float], list[float | None]] | None = None
     for s, losses in runs:
         finite = all(v is not None and math.isfinite(v) for v in losses)

@@ -22,9 +22,9 @@ from sqlalchemy import select
 from cost_model import METRICS
 from nas_service.jobs import submit
 from nas_service.runner.loop import Runner
-from nas_service.search.study import ATTR_LOST
 from nas_service.settings import ClusterSettings, get_settings
 from nas_service.store import Job, JobEvent, TrialRun, make_engine, make_sessionmaker, upgrade
+from nas_service.store.records import TrialAttr
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 
@@ -208,7 +208,7 @@ def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_pa
     study = study_of(sqlite_url, job)
     trials = counted(study)
     assert len(trials) == 6  # exactly n_trials counted: none lost, none extra
-    lost = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    lost = [t for t in study.trials if t.user_attrs.get(TrialAttr.LOST)]
     assert {t.number for t in lost} == set(left_running)
     retried = {
         t.user_attrs.get("ds_retry_of"): t.params for t in trials if "ds_retry_of" in t.user_attrs

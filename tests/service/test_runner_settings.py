@@ -24,10 +24,10 @@ from nas_service.jobs import submit
 from nas_service.results.answers import ResultsCache
 from nas_service.runner.loop import Runner
 from nas_service.runner.recovery import record_event, recover_job
-from nas_service.search.study import ATTR_LOST
 from nas_service.spec import TRAINING_AXES
 from nas_service.store import Job, TrialRun
 from nas_service.store.jobs import optuna_storage
+from nas_service.store.records import TrainRun, TrialAttr
 from tests.service import procs
 from tests.service.jobkit import TINY, counted, setup, study_of
 
@@ -49,7 +49,7 @@ def _runs(Session: Any, job_id: str) -> dict[int, list[TrialRun]]:
     return out
 
 
-def _plan_of(train: list[dict[str, Any]]) -> list[tuple[float, int]]:
+def _plan_of(train: list[TrainRun]) -> list[tuple[float, int]]:
     return [(e["setting"]["lr"], e["seed"]) for e in train]
 
 
@@ -262,7 +262,7 @@ def test_runner_killed_between_runs_of_a_trial_resumes_without_loss(
     for t in trials:
         assert _plan_of(t.user_attrs["train"]) == PLAN
         _check_settings(t, seeds=2)
-    lost = [t for t in study.trials if t.user_attrs.get(ATTR_LOST)]
+    lost = [t for t in study.trials if t.user_attrs.get(TrialAttr.LOST)]
     assert {t.number for t in lost} == set(left)
     [retry] = [t for t in trials if "ds_retry_of" in t.user_attrs]
     assert retry.user_attrs["ds_retry_of"] in left

@@ -29,10 +29,9 @@ from nas_service.jobs import submit
 from nas_service.results.landscape import load_landscape
 from nas_service.runner import loop as runner_module
 from nas_service.runner.loop import JOB_LIST_REFRESH_S, Runner
-from nas_service.runner.recovery import ATTR_RETRY_OF
 from nas_service.runner.simulated import SimulatedBackend
-from nas_service.search.study import ATTR_COSTS, ATTR_LOST
 from nas_service.store import TrialRun
+from nas_service.store.records import TrialAttr
 from tests.service.jobkit import counted, setup, study_of
 from workers.contract import TrainResult
 
@@ -194,9 +193,9 @@ def test_a_runner_killed_before_a_trials_run_row_leaves_it_to_recovery(
     second.run(poll_s=0, timeout_s=120)
     trials = study_of(url, job).get_trials()
     assert len(counted(study_of(url, job))) == N_TRIALS
-    lost = [t for t in trials if t.user_attrs.get(ATTR_LOST)]
+    lost = [t for t in trials if t.user_attrs.get(TrialAttr.LOST)]
     assert no_row[0] in {t.number for t in lost}
-    retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in trials]
+    retries = [t.user_attrs.get(TrialAttr.RETRY_OF) for t in trials]
     assert sorted(n for n in retries if n is not None) == sorted(t.number for t in lost)
 
 
@@ -226,4 +225,4 @@ def test_a_refused_batch_still_records_the_other_trials(tmp_path: Path) -> None:
     assert {f.trial.number for f in kept if f is not None} <= rows
     fresh = {t.number: t for t in study_of(url, job).get_trials()}
     for f in kept:
-        assert f is not None and ATTR_COSTS in fresh[f.trial.number].user_attrs
+        assert f is not None and TrialAttr.COSTS in fresh[f.trial.number].user_attrs

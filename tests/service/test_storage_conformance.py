@@ -12,18 +12,18 @@ from optuna.storages import BaseStorage
 from optuna.testing.pytest_storages import StorageTestCase
 from sqlalchemy import inspect, text
 
-from nas_service.search.study import ATTR_LOST
 from nas_service.store import make_engine
 from nas_service.store.jobs import optuna_storage
 from nas_service.store.optuna_compat import TESTED_OPTUNA, OptunaMismatch, check_optuna
 from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.records import TrialAttr
 
 pytestmark = pytest.mark.timeout(20)
 
 
 @pytest.fixture
 def storage(db_url: str) -> BaseStorage:
-    return OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)
+    return OwnedTrials(optuna_storage(db_url), uncounted=TrialAttr.LOST)
 
 
 class TestRunnerStorage(StorageTestCase):

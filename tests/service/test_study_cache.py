@@ -13,10 +13,10 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
 from nas_service.runner.loop import COUNTED, Runner
-from nas_service.runner.recovery import ATTR_RETRY_OF, ATTR_SUSPECT, _requeue
-from nas_service.search.study import ATTR_LOST, ATTR_OUTCOME
+from nas_service.runner.recovery import _requeue
 from nas_service.store.jobs import optuna_storage
 from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.records import TrialAttr
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)
 
@@ -27,7 +27,7 @@ def _fresh(url: str, name: str) -> list[optuna.trial.FrozenTrial]:
 
 
 def _expected_count(trials: list[optuna.trial.FrozenTrial]) -> int:
-    return sum(1 for t in trials if t.state in COUNTED and not t.user_attrs.get(ATTR_LOST))
+    return sum(1 for t in trials if t.state in COUNTED and not t.user_attrs.get(TrialAttr.LOST))
 
 
 def _summary(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[object, ...]]:
@@ -52,7 +52,7 @@ def _summary(trials: list[optuna.trial.FrozenTrial]) -> list[tuple[object, ...]]
 def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed: int) -> None:
     """On both backends (the attributes' one-transaction upsert is dialect SQL)."""
     url = db_url
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = optuna.create_study(study_name="s", storage=storage)
     rng = random.Random(seed)
     running: list[optuna.Trial] = []
@@ -89,13 +89,13 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
             elif kind < 0.7:
                 study.tell(trial, state=TrialState.PRUNED)
             elif kind < 0.75:  # lost: marked before it is failed, as recovery does
-                trial.set_user_attr(ATTR_LOST, True)
+                trial.set_user_attr(TrialAttr.LOST, True)
                 study.tell(trial, state=TrialState.FAIL)
             elif kind < 0.85:  # lost with others, retried: recovery's bulk write
                 lost = [trial] + [running.pop() for _ in range(min(len(running), 2))]
                 storage.requeue_lost(
                     study._study_id,
-                    [(t._trial_id, {ATTR_LOST: True, "why": step}) for t in lost],
+                    [(t._trial_id, {TrialAttr.LOST: True, "why": step}) for t in lost],
                     [(dict(t.params), {"retry_of": t.number}) for t in lost[:2]],
                 )
             else:
@@ -113,7 +113,7 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
                 theirs = [t for t in fresh if states is None or t.state in states]
                 assert _summary(mine) == _summary(theirs), states
     assert Runner.counted(study) == _expected_count(_fresh(url, "s"))
-    assert any(t.user_attrs.get(ATTR_LOST) for t in _fresh(url, "s"))
+    assert any(t.user_attrs.get(TrialAttr.LOST) for t in _fresh(url, "s"))
 
 
 def test_suggested_parameters_are_written_with_the_trials_attributes(tmp_path: Path) -> None:
@@ -164,12 +164,12 @@ def test_a_reopened_cache_counts_what_an_earlier_one_wrote(tmp_path: Path) -> No
     for i in range(5):
         trial = first.ask()
         if i == 2:
-            trial.set_user_attr(ATTR_LOST, True)
+            trial.set_user_attr(TrialAttr.LOST, True)
             first.tell(trial, state=TrialState.FAIL)
         else:
             first.tell(trial, float(i))
     first.enqueue_trial({})
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = optuna.load_study(study_name="s", storage=storage)
     assert Runner.counted(study) == 4
     assert [t.number for t in study.get_trials(states=(TrialState.WAITING,))] == [5]
@@ -187,7 +187,7 @@ def test_counted_on_optunas_own_storage_is_the_same(tmp_path: Path) -> None:
     for i in range(4):
         trial = study.ask()
         if i == 1:
-            trial.set_user_attr(ATTR_LOST, True)
+            trial.set_user_attr(TrialAttr.LOST, True)
             study.tell(trial, state=TrialState.FAIL)
         else:
             study.tell(trial, state=TrialState.PRUNED)
@@ -210,8 +210,8 @@ def _lost_study(url: str, name: str, storage: optuna.storages.BaseStorage) -> op
         trial.suggest_float("x", 0, 1)
         trial.set_user_attr("costs", {"params": i})
         if i == 1:
-            trial.set_user_attr(ATTR_OUTCOME, "stale")
-    study.enqueue_trial({"x": 0.25}, user_attrs={ATTR_RETRY_OF: 1, ATTR_SUSPECT: 0})
+            trial.set_user_attr(TrialAttr.OUTCOME, "stale")
+    study.enqueue_trial({"x": 0.25}, user_attrs={TrialAttr.RETRY_OF: 1, TrialAttr.SUSPECT: 0})
     return study
 
 
@@ -223,7 +223,7 @@ def test_recovery_in_bulk_writes_what_a_trial_at_a_time_writes(db_url: str) -> N
     stored = {}
     for name, storage in (
         ("one-at-a-time", optuna_storage(db_url)),
-        ("bulk", OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)),
+        ("bulk", OwnedTrials(optuna_storage(db_url), uncounted=TrialAttr.LOST)),
     ):
         study = _lost_study(db_url, name, storage)
         left = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -239,15 +239,15 @@ def test_recovery_in_bulk_writes_what_a_trial_at_a_time_writes(db_url: str) -> N
         for moment in ("_trial_id", "datetime_complete", "_datetime_start"):
             a.pop(moment), b.pop(moment)
         assert a == b
-    assert [t.user_attrs.get(ATTR_RETRY_OF) for t in bulk[4:]] == [1, 2, 3]
-    assert all(t.user_attrs[ATTR_OUTCOME] == "lost" for t in bulk[1:4])
+    assert [t.user_attrs.get(TrialAttr.RETRY_OF) for t in bulk[4:]] == [1, 2, 3]
+    assert all(t.user_attrs[TrialAttr.OUTCOME] == "lost" for t in bulk[1:4])
 
 
 def test_a_bulk_requeue_is_all_or_nothing(tmp_path: Path) -> None:
     """A trial to fail that is no longer running rolls the whole write back: no retry is
     enqueued without its lost trial failed (recovery then goes a trial at a time)."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = _lost_study(url, "s", storage)
     before = _summary(_fresh(url, "s"))
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
@@ -255,7 +255,7 @@ def test_a_bulk_requeue_is_all_or_nothing(tmp_path: Path) -> None:
     with pytest.raises(optuna.exceptions.UpdateFinishedTrialError):
         storage.requeue_lost(
             study._study_id,
-            [(t._trial_id, {ATTR_LOST: True}) for t in [*running, *done]],
+            [(t._trial_id, {TrialAttr.LOST: True}) for t in [*running, *done]],
             [({"x": 0.1}, {})],
         )
     assert _summary(_fresh(url, "s")) == before
@@ -266,7 +266,7 @@ def test_many_trials_attributes_are_refused_together_for_a_finished_one(tmp_path
     """`set_many_user_attrs` checks every trial's state as the database checks one: a
     finished one refuses the whole write, and the cache re-reads what it touched."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = optuna.create_study(study_name="s", storage=storage)
     running = [study.ask() for _ in range(3)]
     study.tell(running[1], 1.0)
@@ -281,7 +281,7 @@ def test_a_refused_batch_writes_nothing_and_the_next_write_succeeds(db_url: str)
     the other trials' suggested parameters either: Optuna's check of a finished trial once
     committed them through its thread-local session), and each other trial's own write
     afterwards records its parameters and attributes."""
-    storage = OwnedTrials(optuna_storage(db_url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(db_url), uncounted=TrialAttr.LOST)
     study = optuna.create_study(study_name="s", storage=storage)
     running = [study.ask() for _ in range(3)]
     for t in running:
@@ -307,7 +307,7 @@ def test_a_parameter_set_on_a_finished_trial_is_refused_not_deadlocked(tmp_path:
     import threading
 
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = optuna.create_study(study_name="s", storage=storage)
     trial = study.ask()
     study.tell(trial, 1.0)
@@ -350,7 +350,7 @@ def test_recoverys_fallback_tells_the_sampler_once(tmp_path: Path) -> None:
     trial once (it was told twice: before the refused transaction, then by `tell`), and the
     others are still failed, marked lost and retried."""
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    storage = OwnedTrials(optuna_storage(url), uncounted=ATTR_LOST)
+    storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = _lost_study(url, "s", storage)
     sampler = _CountingSampler()
     study.sampler = sampler
@@ -361,8 +361,8 @@ def test_recoverys_fallback_tells_the_sampler_once(tmp_path: Path) -> None:
     fresh = {t.number: t for t in _fresh(url, "s")}
     for t in left[1:]:
         assert fresh[t.number].state == TrialState.FAIL
-        assert fresh[t.number].user_attrs[ATTR_LOST] is True
-    retries = [t.user_attrs.get(ATTR_RETRY_OF) for t in fresh.values()]
+        assert fresh[t.number].user_attrs[TrialAttr.LOST] is True
+    retries = [t.user_attrs.get(TrialAttr.RETRY_OF) for t in fresh.values()]
     assert {left[2].number} <= set(retries)
     assert _summary(study.get_trials(deepcopy=False)) == _summary(list(fresh.values()))
 
