@@ -22,7 +22,6 @@ them on each request.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -46,7 +45,8 @@ from nas_service.api.schemas import (
     TrialRead,
 )
 from nas_service.results import queries
-from nas_service.results.answers import TrialRow
+from nas_service.results.rows import TrialRow
+from nas_service.search.numbers import finite_or_none
 from nas_service.spec import OBJECTIVE_METRICS, SpecError, load_yaml_text
 from nas_service.store import TrialStatus
 
@@ -142,12 +142,6 @@ def catalogue() -> CatalogueRead:
 
 
 # -- the job's trials --------------------------------------------------------------------
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _shape(row: TrialRow, name: str) -> int | None:
     value = row.arch.get(name)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
@@ -203,7 +197,7 @@ def points(
             n_layers=[_shape(r, "n_layers") for r in rows],
             d_model=[_shape(r, "d_model") for r in rows],
             ratio=[_ratio(r) for r in rows],
-            metrics={m: [_finite(r.metrics.get(m)) for r in rows] for m in names},
+            metrics={m: [finite_or_none(r.metrics.get(m)) for r in rows] for m in names},
             profile_trials=[p.row.number for p in best],
             profile_loss=[float(p.loss) for p in best],
         )
@@ -228,7 +222,7 @@ def _sort_key(column: str) -> Callable[[TrialRow], tuple[Any, ...]]:
             return str(row.state)
         if column == "variant":
             return row.residual
-        return _finite(row.metrics.get(column))
+        return finite_or_none(row.metrics.get(column))
 
     return lambda row: (value(row), row.number)
 

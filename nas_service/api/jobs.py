@@ -17,7 +17,7 @@ from nas_service.api.routing import BODY_KEY, SECURED, ApiRoute
 from nas_service.api.schemas import JobList, JobRead, TrialList
 from nas_service.jobs import cancel_job, submit_job
 from nas_service.results import queries
-from nas_service.results.answers import job_results
+from nas_service.results.cache import job_results
 from nas_service.spec import JobSpec
 from nas_service.store import JobStatus, TrialStatus
 from nas_service.store.jobs import get_job
