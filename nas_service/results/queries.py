@@ -238,17 +238,21 @@ def _trial(row: TrialRow, curve: bool = False) -> TrialRead:
     return TrialRead.model_validate(row.as_dict(curve))
 
 
-def trial_page(
-    session: Session,
-    cache: ResultsCache,
-    job_id: str,
-    state: TrialStatus | None = None,
-    variant: Variant | None = None,
-    curve: bool = False,
-    limit: int = 100,
-    offset: int = 0,
-) -> TrialList:
+@dataclass(frozen=True)
+class TrialsAsk:
+    """A page of a job's trials asked for: of one state and one variant (or all), with or
+    without their curves."""
+
+    state: TrialStatus | None = None
+    variant: Variant | None = None
+    curve: bool = False
+    limit: int = 100
+    offset: int = 0
+
+
+def trial_page(session: Session, cache: ResultsCache, job_id: str, ask: TrialsAsk) -> TrialList:
     results = job_results(cache, job_row(session, cache, job_id))
+    state, variant, curve, limit, offset = ask.state, ask.variant, ask.curve, ask.limit, ask.offset
 
     def matching() -> list[TrialRow]:
         return [
