@@ -2,9 +2,8 @@
 (the measured loss and each cost), outcome, training settings and curve, decoded from the
 attributes the runner and the search wrote on it. The trials come in bulk from Optuna's tables
 (`store.trial_tables.read_trials`: a few statements through Optuna's own table definitions,
-decoded as its storage decodes them, and never written): Optuna's storage builds an ORM object
-per stored row and a `FrozenTrial` per trial, which made a service's first read of a job of
-10,000 trials take 15 s."""
+decoded as its storage decodes them, and never written), not through Optuna's storage, which
+builds an ORM object per stored row and a `FrozenTrial` per trial."""
 
 from __future__ import annotations
 
