@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import optuna
 
 from nas_service.jobs import submit
-from nas_service.results.answers import ResultsCache
+from nas_service.results.cache import ResultsCache
 from nas_service.results.calibration import plot_calibration
 from nas_service.results.queries import calibration
 from nas_service.runner.loop import Runner, connect_ray

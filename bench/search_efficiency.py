@@ -71,6 +71,7 @@ from bench.search_peers import (
     run_syne,
     syne_tune,
 )
+from nas_service.search.numbers import finite_or_none
 
 LANDSCAPES = Path(__file__).resolve().parent / "landscapes"
 #: The WSD landscape (a curve per run, exact segments) once recorded, else the cosine one.
@@ -442,14 +443,14 @@ def summarise(rows: list[dict[str, Any]], tops: tuple[float, ...]) -> dict[str, 
     return out
 
 
-def _finite(x: Any) -> Any:
-    """`x` with every non-finite float as None (JSON has no ∞)."""
+def _json_finite(x: Any) -> Any:
+    """`x` with every non-finite float as None, all through (JSON has no ∞)."""
     if isinstance(x, float):
-        return x if math.isfinite(x) else None
+        return finite_or_none(x)
     if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
+        return {k: _json_finite(v) for k, v in x.items()}
     if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
+        return [_json_finite(v) for v in x]
     return x
 
 
@@ -640,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(
             json.dumps(
-                _finite(
+                _json_finite(
                     {
                         "landscape": str(args.landscape),
                         "grid_points": size,

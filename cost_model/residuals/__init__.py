@@ -68,6 +68,11 @@ ATTNRES_VARIANTS: frozenset[str] = frozenset(
 BLOCK_SIZED: tuple[str, ...] = tuple(n for n, r in RESIDUALS.items() if r.has_block_size)
 #: Variants that take a number of streams n (`ArchConfig.mhc_streams`).
 STREAMED: tuple[str, ...] = tuple(n for n, r in RESIDUALS.items() if r.has_streams)
+#: Per variant, the `ArchConfig` fields it takes that not every variant does.
+VARIANT_FIELDS: dict[str, tuple[str, ...]] = {
+    n: (("block_size",) if r.has_block_size else ()) + (("mhc_streams",) if r.has_streams else ())
+    for n, r in RESIDUALS.items()
+}
 #: Variants whose wiring has parameters of its own (AttnRes pseudo-queries and key-norm gains,
 #: mHC-lite's coefficient projections and biases, DenseFormer's weights): those a training
 #: run's `depth_lr_mult` applies to (`Residual.has_depth_mixing`).
@@ -86,6 +91,7 @@ __all__ = [
     "FULL_ATTNRES_FAMILY",
     "RESIDUALS",
     "STREAMED",
+    "VARIANT_FIELDS",
     "ArchSizes",
     "AttnRes",
     "Baseline",

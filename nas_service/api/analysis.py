@@ -4,10 +4,12 @@ comparisons between variants, sensitivity to the training axes, and plots."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
+from sqlalchemy.orm import Session
 
 from cost_model import Variant
 from nas_service.api.deps import ResultsDep, SessionDep
@@ -23,9 +25,10 @@ from nas_service.api.schemas import (
     ScalingRead,
     SensitivityRead,
 )
-from nas_service.results import queries
+from nas_service.results import plots, queries
+from nas_service.results.cache import ResultsCache
+from nas_service.results.queries import ParetoAsk
 from nas_service.results.queries import calibration as calibrate
-from nas_service.results.queries import calibration_png
 from nas_service.spec import OBJECTIVE_METRICS
 
 router = APIRouter(prefix="/v1/jobs", tags=["analysis"], route_class=ApiRoute, dependencies=SECURED)
@@ -85,9 +88,27 @@ LevelQuery = Annotated[
 ]
 
 
-def _reference(job_id: str, session: SessionDep, cache: ResultsDep, reference: str) -> str:
-    """`reference` checked against the job's variants: otherwise a 404 naming it (a variant
-    the job does not have, as a trial it does not have; the query's form is valid)."""
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison's request: the job, and `reference` checked against the job's variants."""
+
+    job_id: str
+    session: Session
+    cache: ResultsCache
+    reference: str
+    level: float
+
+
+def _comparison(
+    job_id: str,
+    session: SessionDep,
+    cache: ResultsDep,
+    reference: ReferenceQuery = "baseline",
+    level: LevelQuery = 0.95,
+) -> Comparison:
+    """The comparison asked for, its `reference` checked against the job's variants: otherwise
+    a 404 naming it (a variant the job does not have, as a trial it does not have; the query's
+    form is valid)."""
     known = queries.residual_labels(queries.job_row(session, cache, job_id))
     if known and reference not in known:
         raise ApiError(
@@ -95,7 +116,10 @@ def _reference(job_id: str, session: SessionDep, cache: ResultsDep, reference: s
             f"this job has no variant {reference!r}; its variants: {', '.join(known)}",
             "reference",
         )
-    return reference
+    return Comparison(job_id, session, cache, reference, level)
+
+
+ComparisonDep = Annotated[Comparison, Depends(_comparison)]
 
 
 MetricsQuery = Annotated[
@@ -107,16 +131,18 @@ MetricsQuery = Annotated[
 ]
 
 
+def _pareto_ask(
+    metrics: MetricsQuery, variant: Variant | None = None, profile: ProfileQuery = True
+) -> ParetoAsk:
+    return ParetoAsk(tuple(parse_metrics(metrics)), variant, profile)
+
+
+ParetoDep = Annotated[ParetoAsk, Depends(_pareto_ask)]
+
+
 @router.get("/{job_id}/pareto", response_model=ParetoRead, responses=JOB_ERRORS)
-def pareto(
-    job_id: str,
-    session: SessionDep,
-    cache: ResultsDep,
-    metrics: MetricsQuery,
-    variant: Variant | None = None,
-    profile: ProfileQuery = True,
-) -> ParetoRead:
-    return queries.pareto(session, cache, job_id, parse_metrics(metrics), variant, profile)
+def pareto(job_id: str, session: SessionDep, cache: ResultsDep, ask: ParetoDep) -> ParetoRead:
+    return queries.pareto(session, cache, job_id, ask)
 
 
 @router.get("/{job_id}/optimum", response_model=OptimumRead, responses=JOB_ERRORS)
@@ -133,19 +159,12 @@ def optimum(
 
 
 @router.get("/{job_id}/compare", response_model=CompareRead, responses=JOB_CONFLICT)
-def compare(
-    job_id: str,
-    session: SessionDep,
-    cache: ResultsDep,
-    reference: ReferenceQuery = "baseline",
-    level: LevelQuery = 0.95,
-) -> CompareRead:
+def compare(job_id: str, asked: ComparisonDep) -> CompareRead:
     """Every variant against `reference`, shape by shape (same n_layers, d_model, heads,
     budget), each at its best training setting: the per-seed paired differences, their mean,
     a Student-t interval and a verdict; across shapes, the difference against depth and the
     smallest depth from which the variant is reliably better (the crossover)."""
-    _reference(job_id, session, cache, reference)
-    return queries.compare(session, cache, job_id, reference, level)
+    return queries.compare(asked.session, asked.cache, job_id, asked.reference, asked.level)
 
 
 @router.get("/{job_id}/sensitivity", response_model=SensitivityRead, responses=JOB_ERRORS)
@@ -196,15 +215,8 @@ def calibration(
 
 
 @router.get("/{job_id}/plots/pareto.png", response_class=Response, responses=PNG)
-def pareto_plot(
-    job_id: str,
-    session: SessionDep,
-    cache: ResultsDep,
-    metrics: MetricsQuery,
-    variant: Variant | None = None,
-    profile: ProfileQuery = True,
-) -> Response:
-    png = queries.pareto_png(session, cache, job_id, parse_metrics(metrics), variant, profile)
+def pareto_plot(job_id: str, session: SessionDep, cache: ResultsDep, ask: ParetoDep) -> Response:
+    png = plots.pareto_png(session, cache, job_id, ask)
     return Response(png, media_type="image/png")
 
 
@@ -212,19 +224,12 @@ def pareto_plot(
 def optimum_plot(
     job_id: str, session: SessionDep, cache: ResultsDep, profile: ProfileQuery = True
 ) -> Response:
-    return Response(queries.optimum_png(session, cache, job_id, profile), media_type="image/png")
+    return Response(plots.optimum_png(session, cache, job_id, profile), media_type="image/png")
 
 
 @router.get("/{job_id}/plots/compare.png", response_class=Response, responses=PNG)
-def compare_plot(
-    job_id: str,
-    session: SessionDep,
-    cache: ResultsDep,
-    reference: ReferenceQuery = "baseline",
-    level: LevelQuery = 0.95,
-) -> Response:
-    _reference(job_id, session, cache, reference)
-    png = queries.compare_png(session, cache, job_id, reference, level)
+def compare_plot(job_id: str, asked: ComparisonDep) -> Response:
+    png = plots.compare_png(asked.session, asked.cache, job_id, asked.reference, asked.level)
     return Response(png, media_type="image/png")
 
 
@@ -234,4 +239,4 @@ def calibration_plot(
 ) -> Response:
     """Predicted against measured step time (log-log, the y = x line): the raw roofline and
     the calibrated model's cross-validated predictions; a 409 before any measured trial."""
-    return Response(calibration_png(session, cache, job_id, scope), media_type="image/png")
+    return Response(plots.calibration_png(session, cache, job_id, scope), media_type="image/png")

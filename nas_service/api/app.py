@@ -25,7 +25,7 @@ from fastapi.routing import APIRoute
 from nas_service import dashboard
 from nas_service.api import analysis, cost, dashboard_api, docs, errors, health, jobs
 from nas_service.api.routing import BodyLimit, RequestTimer
-from nas_service.results.answers import ResultsCache
+from nas_service.results.cache import ResultsCache
 from nas_service.settings import Settings, get_settings
 from nas_service.store import make_engine, make_sessionmaker, upgrade
 from nas_service.store.jobs import optuna_storage

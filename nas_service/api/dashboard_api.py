@@ -22,7 +22,6 @@ them on each request.
 from __future__ import annotations
 
 import datetime as dt
-import math
 import re
 from collections.abc import Callable
 from typing import Annotated, Any
@@ -32,6 +31,7 @@ from fastapi import APIRouter, Path, Query
 
 from cost_model import METRICS, VARIANTS
 from cost_model.hardware import PRESETS
+from cost_model.residuals import VARIANT_FIELDS
 from nas_service.api.deps import ResultsDep, SessionDep
 from nas_service.api.errors import ApiError, responses
 from nas_service.api.jobs import JOB_ERRORS, Offset
@@ -41,13 +41,16 @@ from nas_service.api.schemas import (
     MetricInfo,
     ParsedSpec,
     PointsRead,
+    ResidualCodecRead,
     SpecText,
     TrialList,
     TrialRead,
 )
 from nas_service.results import queries
-from nas_service.results.answers import TrialRow
+from nas_service.results.rows import TrialRow
+from nas_service.search.numbers import finite_or_none
 from nas_service.spec import OBJECTIVE_METRICS, SpecError, load_yaml_text
+from nas_service.spec.space import residual_codec
 from nas_service.store import TrialStatus
 
 router = APIRouter(prefix="/v1", tags=["dashboard"], route_class=ApiRoute, dependencies=SECURED)
@@ -130,7 +133,8 @@ def parse(body: SpecText) -> ParsedSpec:
 @router.get("/catalogue", response_model=CatalogueRead, responses=responses(*NO_DATABASE))
 def catalogue() -> CatalogueRead:
     """The metrics a job can record (the measured `val_loss` and every cost metric, with its
-    unit), the residual variants and the hardware presets."""
+    unit), the residual variants (with the architecture fields only some take, and how a
+    variant label such as `block_attnres/S=4` is written) and the hardware presets."""
     metrics = {"val_loss": MetricInfo(unit="loss", description="final validation loss (nats)")}
     metrics["val_bpb"] = MetricInfo(
         unit="bits/byte", description="final validation loss in bits per UTF-8 byte of text"
@@ -138,16 +142,16 @@ def catalogue() -> CatalogueRead:
     metrics |= {
         name: MetricInfo(unit=unit, description=text) for name, (unit, text) in METRICS.items()
     }
-    return CatalogueRead(metrics=metrics, variants=list(VARIANTS), hardware=sorted(PRESETS))
+    return CatalogueRead(
+        metrics=metrics,
+        variants=list(VARIANTS),
+        hardware=sorted(PRESETS),
+        variant_fields={v: list(VARIANT_FIELDS[v]) for v in VARIANTS},
+        residual_codec=ResidualCodecRead.model_validate(residual_codec()),
+    )
 
 
 # -- the job's trials --------------------------------------------------------------------
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
 def _shape(row: TrialRow, name: str) -> int | None:
     value = row.arch.get(name)
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
@@ -203,7 +207,7 @@ def points(
             n_layers=[_shape(r, "n_layers") for r in rows],
             d_model=[_shape(r, "d_model") for r in rows],
             ratio=[_ratio(r) for r in rows],
-            metrics={m: [_finite(r.metrics.get(m)) for r in rows] for m in names},
+            metrics={m: [finite_or_none(r.metrics.get(m)) for r in rows] for m in names},
             profile_trials=[p.row.number for p in best],
             profile_loss=[float(p.loss) for p in best],
         )
@@ -228,7 +232,7 @@ def _sort_key(column: str) -> Callable[[TrialRow], tuple[Any, ...]]:
             return str(row.state)
         if column == "variant":
             return row.residual
-        return _finite(row.metrics.get(column))
+        return finite_or_none(row.metrics.get(column))
 
     return lambda row: (value(row), row.number)
 

@@ -13,7 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.api.errors import ApiError
-from nas_service.results.answers import ResultsCache
+from nas_service.results.cache import ResultsCache
 from nas_service.settings import Settings
 from nas_service.store import roll_back, wrote
 

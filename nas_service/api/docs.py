@@ -15,21 +15,13 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from nas_service.dashboard import page_headers
+
 SWAGGER = Path(__file__).resolve().parent / "swagger"
 #: Where the explorer's files are served.
 DOCS_STATIC_URL = "/docs/static"
-#: Swagger UI sets inline styles and draws its icons from data: URIs; nothing else is inline.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'; form-action 'none'"
-)
-HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
+#: Swagger UI draws its icons from data: URIs.
+HEADERS = page_headers("'self' data:")
 
 router = APIRouter(include_in_schema=False)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Body, Query, Request, status
+from fastapi import APIRouter, Body, Depends, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
@@ -17,7 +17,8 @@ from nas_service.api.routing import BODY_KEY, SECURED, ApiRoute
 from nas_service.api.schemas import JobList, JobRead, TrialList
 from nas_service.jobs import cancel_job, submit_job
 from nas_service.results import queries
-from nas_service.results.answers import job_results
+from nas_service.results.cache import job_results
+from nas_service.results.queries import TrialsAsk
 from nas_service.spec import JobSpec
 from nas_service.store import JobStatus, TrialStatus
 from nas_service.store.jobs import get_job
@@ -100,15 +101,19 @@ def cancel(job_id: str, session: SessionDep, cache: ResultsDep) -> JobRead:
     return queries.summarise(job, results)
 
 
-@router.get("/{job_id}/trials", response_model=TrialList, responses=JOB_ERRORS)
-def trials(
-    job_id: str,
-    session: SessionDep,
-    cache: ResultsDep,
+def _trials_ask(
     state: TrialStatus | None = None,
     variant: Variant | None = None,
     curve: bool = False,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Offset = 0,
-) -> TrialList:
-    return queries.trial_page(session, cache, job_id, state, variant, curve, limit, offset)
+) -> TrialsAsk:
+    return TrialsAsk(state, variant, curve, limit, offset)
+
+
+TrialsDep = Annotated[TrialsAsk, Depends(_trials_ask)]
+
+
+@router.get("/{job_id}/trials", response_model=TrialList, responses=JOB_ERRORS)
+def trials(job_id: str, session: SessionDep, cache: ResultsDep, ask: TrialsDep) -> TrialList:
+    return queries.trial_page(session, cache, job_id, ask)

@@ -250,6 +250,25 @@ class MetricInfo(BaseModel):
     description: str
 
 
+class ResidualPartRead(BaseModel):
+    """One part of a variant label after the variant (`/S=4`): its tag, the `ArchConfig`
+    field it sets, the spec's `space` field listing its values, the variants that have it."""
+
+    tag: str
+    field: str
+    space_field: str
+    variants: list[str]
+
+
+class ResidualCodecRead(BaseModel):
+    """How a variant label is written: the variant, then `separator`, tag, `assign`, value
+    for each of its parts (`block_attnres/S=4`)."""
+
+    separator: str
+    assign: str
+    parts: list[ResidualPartRead]
+
+
 class CatalogueRead(BaseModel):
     """What the dashboard offers to pick from: every metric a job can record (the measured
     loss and the cost model's `METRICS`) with its unit, the residual variants, the hardware
@@ -258,6 +277,9 @@ class CatalogueRead(BaseModel):
     metrics: dict[str, MetricInfo]
     variants: list[str]
     hardware: list[str]
+    #: per variant, the architecture fields it takes that not every variant does
+    variant_fields: dict[str, list[str]]
+    residual_codec: ResidualCodecRead
 
 
 class PointsRead(BaseModel):

@@ -92,7 +92,7 @@ def arch_fields() -> list[ArchField]:
     return [_field(f, hints[f.name]) for f in dataclasses.fields(ArchConfig)]
 
 
-def _finite(text: str) -> float:
+def _finite_arg(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -128,7 +128,7 @@ def add_arch_args(p: argparse.ArgumentParser, many_variants: bool) -> None:
                 f.flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
             )
             continue
-        kind: Any = _finite if f.kind is float else f.kind
+        kind: Any = _finite_arg if f.kind is float else f.kind
         metavar = f.name.upper() if not f.choices else "NAME"
         group.add_argument(f.flag, type=kind, default=argparse.SUPPRESS, metavar=metavar, help=text)
     for flag, (name, value) in ALIASES.items():
@@ -243,7 +243,7 @@ def add_cluster_args(p: argparse.ArgumentParser) -> None:
         "one GPU of a DGX server, 8 per node, NVLink inside, InfiniBand between)",
     )
     for flag, (_, kind, text) in CLUSTER_FLAGS.items():
-        parse: Any = _finite if kind is float else int
+        parse: Any = _finite_arg if kind is float else int
         group.add_argument(flag, type=parse, default=None, metavar=kind.__name__.upper(), help=text)
     group.add_argument(
         "--nodes",

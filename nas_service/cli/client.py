@@ -35,70 +35,58 @@ def _client_command(func: Any) -> Any:
 
 
 def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("submit", help="submit a job spec (YAML)")
+    made: list[argparse.ArgumentParser] = []
+
+    def command(name: str, help: str, func: Any, job: bool = True) -> argparse.ArgumentParser:
+        """The subcommand `name` running `func` (its `CliError`s reported), with a job's id
+        as its first argument where `job`; the client's own arguments come after its own."""
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help)
+        if job:
+            p.add_argument("job")
+        p.set_defaults(func=_client_command(func))
+        made.append(p)
+        return p
+
+    p = command("submit", "submit a job spec (YAML)", _cmd_submit, job=False)
     p.add_argument("spec", help="a YAML job spec, e.g. examples/quick.yaml")
     p.add_argument("--wait", action="store_true", help="follow the job to its end")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_submit))
 
-    p = sub.add_parser("status", help="list jobs, or show one")
+    p = command("status", "list jobs, or show one", _cmd_status, job=False)
     p.add_argument("job", nargs="?")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_status))
 
-    p = sub.add_parser("cancel", help="cancel a job")
-    p.add_argument("job")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_cancel))
+    command("cancel", "cancel a job", _cmd_cancel)
 
-    p = sub.add_parser("trials", help="a job's trials")
-    p.add_argument("job")
+    p = command("trials", "a job's trials", _cmd_trials)
     p.add_argument("--state")
     p.add_argument("--variant")
     p.add_argument("--limit", type=int, default=100)
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_trials))
 
-    p = sub.add_parser("pareto", help="the Pareto front over two or more metrics")
-    p.add_argument("job")
+    p = command("pareto", "the Pareto front over two or more metrics", _cmd_pareto)
     p.add_argument("--metrics", default="val_loss,train_memory_bytes")
     p.add_argument("--variant")
     p.add_argument("--plot", help="write a PNG of the first two metrics here")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_pareto))
 
-    p = sub.add_parser("optimum", help="the loss-optimal d_model/L per variant")
-    p.add_argument("job")
+    p = command("optimum", "the loss-optimal d_model/L per variant", _cmd_optimum)
     p.add_argument("--plot", help="write a PNG of loss versus d_model/L here")
     p.add_argument(
         "--raw", action="store_true", help="fit every trial, not each shape's best setting"
     )
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_optimum))
 
-    p = sub.add_parser("compare", help="paired comparison of each variant against a reference")
-    p.add_argument("job")
+    p = command("compare", "paired comparison of each variant against a reference", _cmd_compare)
     p.add_argument("--reference", default="baseline", help="a variant of the job")
     p.add_argument("--level", type=float, default=0.95, help="the interval's level")
     p.add_argument("--plot", help="write a PNG of the difference against depth here")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_compare))
 
-    p = sub.add_parser("export", help="write a job as a landscape file (JSON)")
-    p.add_argument("job")
+    p = command("export", "write a job as a landscape file (JSON)", _cmd_export)
     p.add_argument("--out", required=True, help="the file to write")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_export))
 
-    p = sub.add_parser("sensitivity", help="loss against each training axis, per shape")
-    p.add_argument("job")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_sensitivity))
+    command("sensitivity", "loss against each training axis, per shape", _cmd_sensitivity)
 
-    p = sub.add_parser(
-        "calibration", help="the roofline against the measured step times, per device kind"
+    p = command(
+        "calibration",
+        "the roofline against the measured step times, per device kind",
+        _cmd_calibration,
     )
-    p.add_argument("job")
     p.add_argument(
         "--scope",
         choices=("job", "cluster"),
@@ -106,8 +94,9 @@ def add_parsers(sub: Any) -> None:
         help="fit this job's trials, or every recent job's of its cluster",
     )
     p.add_argument("--plot", help="write a PNG of predicted versus measured step time here")
-    _add_client_args(p)
-    p.set_defaults(func=_client_command(_cmd_calibration))
+
+    for made_parser in made:
+        _add_client_args(made_parser)
 
 
 def _save_plot(args: argparse.Namespace, name: str, params: dict[str, Any]) -> None:

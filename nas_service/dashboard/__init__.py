@@ -19,19 +19,26 @@ from fastapi.staticfiles import StaticFiles
 STATIC = Path(__file__).resolve().parent / "static"
 #: Where the page's files are served.
 STATIC_URL = "/dashboard/static"
-#: Nothing from elsewhere: scripts and connections from this origin only; inline styles are
-#: allowed for the chart library's tooltips, which set them.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
-    "frame-ancestors 'none'; form-action 'none'"
-)
-HEADERS = {
-    "Content-Security-Policy": CSP,
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
+
+
+def page_headers(img_src: str) -> dict[str, str]:
+    """The headers of a page the service serves (the dashboard's, the API explorer's): nothing
+    from elsewhere, scripts and connections from this origin only, images from `img_src`;
+    inline styles are allowed (the chart library's tooltips and Swagger UI set them)."""
+    csp = (
+        "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+        f"img-src {img_src}; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+        "frame-ancestors 'none'; form-action 'none'"
+    )
+    return {
+        "Content-Security-Policy": csp,
+        "X-Content-Type-Options": "nosniff",
+        "Referrer-Policy": "no-referrer",
+        "Cache-Control": "no-cache",
+    }
+
+
+HEADERS = page_headers("'self' data: blob:")
 
 router = APIRouter(include_in_schema=False)
 

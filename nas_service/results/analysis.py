@@ -15,6 +15,9 @@ from typing import Any, overload
 
 import numpy as np
 
+from nas_service.search.dominance import dominance
+from nas_service.search.dominance import dominates as dominates
+
 #: What the fits and plots take for a column of numbers: a sequence or a 1-D array (each is
 #: read with np.asarray).
 Floats = Sequence[float] | np.ndarray
@@ -44,8 +47,7 @@ def pareto_front(points: np.ndarray) -> np.ndarray:
     for i in order:
         if front:
             f = pts[front]
-            dominated = np.all(f <= pts[i], axis=1) & np.any(f < pts[i], axis=1)
-            if dominated.any():
+            if dominance(f, pts[i][None, :]).any():
                 continue
         front.append(int(i))
     return np.sort(np.asarray(front, dtype=int))
@@ -70,12 +72,6 @@ def _front_2d(pts: np.ndarray, order: np.ndarray) -> np.ndarray:
         best_y = min(best_y, y)
         prev, prev_kept = (x, y), on
     return np.asarray(keep, dtype=int)
-
-
-def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
-    return all(x <= y for x, y in zip(a, b, strict=True)) and any(
-        x < y for x, y in zip(a, b, strict=True)
-    )
 
 
 # -- the loss-optimal shape ----------------------------------------------------------------------
@@ -431,8 +427,8 @@ def plot_optimum(
 def plot_compare(answer: Mapping[str, Any], path: str) -> None:
     """The paired difference (variant − reference, in validation loss) against depth in
     sublayers, one series per variant (and budget, where several) of a comparison answer
-    (`nas_service.results.profiles.compare`), each depth's interval as an error bar, a line at zero
-    (below it: the variant's loss is lower) and the crossover depth dashed."""
+    (`nas_service.results.comparison.compare`), each depth's interval as an error bar, a line
+    at zero (below it: the variant's loss is lower) and the crossover depth dashed."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -51,7 +51,7 @@ from cost_model.calibration import (
 from cost_model.hardware import Hardware, RooflineTime
 from cost_model.memory import training_memory
 from cost_model.timing import train_step_time
-from nas_service.results.answers import ResultsCache, TrialRow, job_results
+from nas_service.results.cache import ResultsCache, job_results
 from nas_service.results.reads import (
     CalibrationGroupRead,
     CalibrationPointRead,
@@ -61,6 +61,7 @@ from nas_service.results.reads import (
     MemoryComparisonRead,
     StepModelRead,
 )
+from nas_service.results.rows import TrialRow
 from nas_service.store import Job
 from nas_service.store.jobs import stored_spec
 from nas_service.store.optuna_storage import rdb_storage

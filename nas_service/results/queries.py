@@ -11,32 +11,22 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
 from cost_model.calibration import MIN_TRIALS
-from nas_service.results import analysis, profiles
-from nas_service.results.answers import (
-    JobResults,
-    ResultsCache,
-    TrialRow,
-    optimum_by_variant,
-    pareto_rows,
-    scaling_by_variant,
-)
-from nas_service.results.answers import job_results as job_results
+from nas_service.results import comparison
+from nas_service.results.answers import optimum_by_variant, pareto_rows, scaling_by_variant
+from nas_service.results.cache import JobResults, ResultsCache
+from nas_service.results.cache import job_results as job_results
 from nas_service.results.calibration import (
     SCOPES,
     Point,
     _cluster_jobs,
     _group,
-    plot_calibration,
     trial_points,
 )
 from nas_service.results.reads import (
@@ -58,6 +48,7 @@ from nas_service.results.reads import (
     TrialList,
     TrialRead,
 )
+from nas_service.results.rows import TrialRow
 from nas_service.search.rungs import expected_compute, rung_progress
 from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
@@ -247,17 +238,21 @@ def _trial(row: TrialRow, curve: bool = False) -> TrialRead:
     return TrialRead.model_validate(row.as_dict(curve))
 
 
-def trial_page(
-    session: Session,
-    cache: ResultsCache,
-    job_id: str,
-    state: TrialStatus | None = None,
-    variant: Variant | None = None,
-    curve: bool = False,
-    limit: int = 100,
-    offset: int = 0,
-) -> TrialList:
+@dataclass(frozen=True)
+class TrialsAsk:
+    """A page of a job's trials asked for: of one state and one variant (or all), with or
+    without their curves."""
+
+    state: TrialStatus | None = None
+    variant: Variant | None = None
+    curve: bool = False
+    limit: int = 100
+    offset: int = 0
+
+
+def trial_page(session: Session, cache: ResultsCache, job_id: str, ask: TrialsAsk) -> TrialList:
     results = job_results(cache, job_row(session, cache, job_id))
+    state, variant, curve, limit, offset = ask.state, ask.variant, ask.curve, ask.limit, ask.offset
 
     def matching() -> list[TrialRow]:
         return [
@@ -276,17 +271,20 @@ def trial_page(
     )
 
 
-def pareto(
-    session: Session,
-    cache: ResultsCache,
-    job_id: str,
-    metrics: list[str],
-    variant: Variant | None = None,
-    profile: bool = True,
-) -> ParetoRead:
-    """The non-dominated trials over `metrics` (each minimised), memoised per study state;
-    with `profile`, among each architecture's best-setting trial (else every trial)."""
+@dataclass(frozen=True)
+class ParetoAsk:
+    """A Pareto front asked for: over `metrics` (each minimised), of one variant or all, among
+    each architecture's best-setting trial (`profile`) or every trial."""
+
+    metrics: tuple[str, ...]
+    variant: Variant | None = None
+    profile: bool = True
+
+
+def pareto(session: Session, cache: ResultsCache, job_id: str, ask: ParetoAsk) -> ParetoRead:
+    """The non-dominated trials `ask` asks for, memoised per study state."""
     results = job_results(cache, job_row(session, cache, job_id))
+    metrics, variant, profile = list(ask.metrics), ask.variant, ask.profile
 
     def answer() -> ParetoRead:
         front, candidates = pareto_rows(results, metrics, variant, profile=profile)
@@ -376,7 +374,9 @@ def _comparison(results: JobResults, reference: str, level: float) -> dict[str, 
 
     def answer() -> dict[str, Any]:
         try:
-            return profiles.compare(results.counted(), reference, level, profiled=results.profile())
+            return comparison.compare(
+                results.counted(), reference, level, profiled=results.profile()
+            )
         except ValueError as exc:
             raise NothingYet("reference", str(exc)) from None
 
@@ -397,21 +397,8 @@ def compare(
 def sensitivity(session: Session, cache: ResultsCache, job_id: str) -> SensitivityRead:
     """Loss against each training axis per shape, the best lr per shape, edge flags."""
     results = job_results(cache, job_row(session, cache, job_id))
-    out = results.memoised(("sensitivity",), lambda: profiles.sensitivity(results.counted()))
+    out = results.memoised(("sensitivity",), lambda: comparison.sensitivity(results.counted()))
     return SensitivityRead.model_validate({"job_id": job_id} | out)
-
-
-def compare_png(
-    session: Session, cache: ResultsCache, job_id: str, reference: str, level: float = 0.95
-) -> bytes:
-    """The paired difference against depth per variant, with its intervals, as a PNG."""
-    job = job_row(session, cache, job_id)
-    out = _comparison(job_results(cache, job), reference, level)
-    if not out["pairs"]:
-        raise NothingYet(
-            "reference", f"no shape has been trained with both {reference} and another variant"
-        )
-    return _png(lambda path: analysis.plot_compare(out, path))
 
 
 def calibration(
@@ -460,66 +447,3 @@ def calibration(
         groups=groups,
         skipped=skipped,
     )
-
-
-def calibration_png(
-    session: Session, cache: ResultsCache, job_id: str, scope: str = "job"
-) -> bytes:
-    """Predicted against measured step time, log-log, with the y = x line: the raw roofline
-    and (where fitted) the calibrated model's out-of-fold predictions, per device kind."""
-    answer = calibration(session, cache, job_id, scope)
-    if not answer.groups:
-        raise NothingYet("job_id", answer.message)
-    return _png(lambda path: plot_calibration(answer, path))
-
-
-def _png(draw: Callable[[str], Any]) -> bytes:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "plot.png"
-        draw(str(path))
-        return path.read_bytes()
-
-
-def pareto_png(
-    session: Session,
-    cache: ResultsCache,
-    job_id: str,
-    metrics: list[str],
-    variant: Variant | None = None,
-    profile: bool = True,
-) -> bytes:
-    """The front over the first two `metrics` among the candidates, as a PNG."""
-    names = metrics[:2]
-    front, candidates = pareto_rows(
-        job_results(cache, job_row(session, cache, job_id)), names, variant, profile=profile
-    )
-    if not candidates:
-        raise NothingYet("metrics", "no trial has these metrics yet")
-    index = {id(r): i for i, r in enumerate(candidates)}
-    return _png(
-        lambda path: analysis.plot_pareto(
-            [r.metrics[names[1]] for r in candidates],
-            [r.metrics[names[0]] for r in candidates],
-            [index[id(r)] for r in front],
-            [r.variant for r in candidates],
-            names[1],
-            names[0],
-            path,
-        )
-    )
-
-
-def optimum_png(session: Session, cache: ResultsCache, job_id: str, profile: bool = True) -> bytes:
-    """Loss against d_model/L_b per variant with its fitted optimum, as a PNG."""
-    results = job_results(cache, job_row(session, cache, job_id))
-    fits = optimum_by_variant(results, 100, profile=profile)
-    if not fits:
-        raise NothingYet("job_id", "no trained trial yet")
-    several = len({f["budget"] for f in fits}) > 1
-
-    def label(f: dict[str, Any]) -> str:
-        return f"{f['variant']} @ {f['budget']:.3g}" if several else str(f["variant"])
-
-    data = {label(f): f["_data"] for f in fits}
-    fit_map = {label(f): f["_fit"] for f in fits}
-    return _png(lambda path: analysis.plot_optimum(data, fit_map, path))

@@ -7,10 +7,11 @@ neither imports the other's module for it."""
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from nas_service.search.numbers import finite_or_none as _loss_or_none
+from nas_service.search.numbers import is_finite
 from nas_service.spec.space import encode_residual
 from nas_service.store import TrialOutcome, TrialStatus
 from nas_service.store.records import RungRecord, SettingRecord, TrainRun
@@ -148,14 +149,6 @@ def _hashable(value: Any) -> Any:
 
 def _mean(losses: list[float | None]) -> float | None:
     """The mean of per-seed losses, None when any is missing (a run diverged)."""
-    if not losses or any(not _finite(v) for v in losses):
+    if not losses or any(not is_finite(v) for v in losses):
         return None
     return float(sum(v for v in losses if v is not None) / len(losses))
-
-
-def _loss_or_none(value: Any) -> float | None:
-    return float(value) if _finite(value) else None
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x)

@@ -10,7 +10,7 @@ training axes and `seed = k`, so seed k of every trial sees the same batches and
 initialisation (seeds are paired across trials). After each finished run the trial's `train`
 attribute holds the runs finished so far, and the run's row is closed ("run i of n") after
 the next run's row is opened (same attempt), so a trial in flight always has one open row and
-readers of the job's run rows (`nas_service.results.answers`) see the progress. A lost worker is
+readers of the job's run rows (`nas_service.results.cache`) see the progress. A lost worker is
 retried on the same run, `MAX_ATTEMPTS` per trial in all.
 
 The trial's result per setting s: the final validation losses of its seeds, L_s,k (None where
@@ -362,7 +362,7 @@ class TrialOutcomes:
         self, job_id: str, number: int, reason: str, state: RunState = RunState.PRUNED
     ) -> None:
         """A waiting trial (no run open) was told: its last run row says so, so a reader of
-        the job's rows (`nas_service.results.answers`) sees the change."""
+        the job's rows (`nas_service.results.cache`) sees the change."""
         with self.Session.begin() as s:
             run = s.scalars(
                 select(TrialRun)

@@ -49,6 +49,8 @@ from typing import Protocol
 
 import numpy as np
 
+from nas_service.search.dominance import dominance
+
 #: Dominance is computed in blocks of at most this many (row, column) pairs of results.
 _BLOCK_PAIRS = 1 << 18
 
@@ -166,10 +168,7 @@ def _dominators(v: np.ndarray, rows: np.ndarray) -> np.ndarray:
     counts = np.zeros(len(v), dtype=np.int64)
     step = max(1, _BLOCK_PAIRS // len(v))
     for start in range(0, len(rows), step):
-        a = v[rows[start : start + step]][:, None, :]  # (rows, 1, m)
-        b = v[None, :, :]  # (1, n, m)
-        dominates = np.all(a <= b, axis=2) & np.any(a < b, axis=2)  # (rows, n)
-        counts += dominates.sum(axis=0)
+        counts += dominance(v[rows[start : start + step]], v).sum(axis=0)  # (rows, n) summed
     return counts
 
 
@@ -241,7 +240,7 @@ def settled_position(result: Result, results: Sequence[Result]) -> int:
         return 0
     v = _matrix([result.vector] + [r.vector for r in others])
     mine, theirs = v[0], v[1:]
-    dominating = np.all(theirs <= mine, axis=1) & np.any(theirs < mine, axis=1)
+    dominating = dominance(theirs, mine[None, :])[:, 0]
     equal = np.all(theirs == mine, axis=1)
     key = (_loss_key(result.loss), result.number)
     earlier = np.array([(_loss_key(r.loss), r.number) < key for r in others])

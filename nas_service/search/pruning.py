@@ -45,6 +45,8 @@ from dataclasses import dataclass
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from nas_service.search.numbers import finite_or_inf
+
 #: Intermediate values of an `auto`-pruned job are keyed by the fraction of the trial's
 #: budget in millionths (Optuna's steps are integers).
 FRACTION_SCALE = 1_000_000
@@ -75,16 +77,12 @@ def value_at(values: dict[int, float], step: int) -> float | None:
         return None
     i = bisect.bisect_left(steps, step)
     if steps[i] == step:
-        return _finite_or_inf(values[step])
+        return finite_or_inf(values[step])
     lo, hi = steps[i - 1], steps[i]
-    a, b = _finite_or_inf(values[lo]), _finite_or_inf(values[hi])
+    a, b = finite_or_inf(values[lo]), finite_or_inf(values[hi])
     if math.isinf(a) or math.isinf(b):
         return math.inf
     return a + (b - a) * (step - lo) / (hi - lo)
-
-
-def _finite_or_inf(x: float) -> float:
-    return x if math.isfinite(x) else math.inf
 
 
 @dataclass(frozen=True)
@@ -136,7 +134,7 @@ class FractionMedianPruner(optuna.pruners.BasePruner):
         step = trial.last_step
         if step is None or step < self.warmup * FRACTION_SCALE:
             return None
-        value = _finite_or_inf(trial.intermediate_values[step])
+        value = finite_or_inf(trial.intermediate_values[step])
         budget = trial.params.get("budget")
         at = [
             v

@@ -62,6 +62,7 @@ from cost_model.hardware import Hardware
 from cost_model.report import grid_groups
 from cost_model.residuals import DEPTH_MIXED
 from cost_model.timing import train_step_time
+from nas_service.search.numbers import finite_or_none
 from nas_service.search.pruning import FractionMedianPruner, fraction_step
 from nas_service.spec import (
     CALIBRATED,
@@ -534,10 +535,10 @@ def train_summary(result: TrainResult) -> TrainRun:
     return {
         "status": result.status,
         "reason": result.reason,
-        "final_val_loss": _finite(result.final_val_loss),
-        "best_val_loss": _finite(result.best_val_loss),
-        "final_val_bpb": _finite(result.final_val_bpb),
-        "best_val_bpb": _finite(result.best_val_bpb),
+        "final_val_loss": finite_or_none(result.final_val_loss),
+        "best_val_loss": finite_or_none(result.best_val_loss),
+        "final_val_bpb": finite_or_none(result.final_val_bpb),
+        "best_val_bpb": finite_or_none(result.best_val_bpb),
         "steps": result.steps,
         "tokens_seen": result.tokens_seen,
         "flops_spent": result.flops_spent,
@@ -557,10 +558,6 @@ def train_summary(result: TrainResult) -> TrainRun:
 
 def curve_rows(points: list[EvalPoint]) -> list[list[float]]:
     return [[p.step, p.tokens, p.flops, p.val_loss] for p in points]
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 def seed_statistics(losses: list[float]) -> SeedStats:

@@ -7,7 +7,8 @@ AttnRes's block size) is folded into the study's `residual` parameter, so that e
 sampler (grid included) sees one flat space without conditional parameters:
 `residual` is a variant, or a variant followed by `/<tag>=<value>` for each of its
 conditional axes (`block_attnres/S=4`). `encode_residual` and `decode_residual` are that
-codec and its inverse; nothing else reads or writes the string.
+codec and its inverse; nothing else reads or writes the string in Python (`residual_codec`
+describes it to the dashboard, through `GET /v1/catalogue`).
 
 The study's parameters are `residual`, the unconditional axes under their own names
 (`n_layers`, `d_model` or `aspect_ratio`, `n_heads`), `budget` when the job has several, and
@@ -231,23 +232,48 @@ class CandidateSpace:
         return decode_residual(str(params[RESIDUAL])) | rest
 
 
+#: What separates a `residual`'s variant from each of its parts, and a part's tag from its value.
+PART_SEPARATOR, TAG_SEPARATOR = "/", "="
+
+
+def residual_codec() -> dict[str, Any]:
+    """The codec of `encode_residual` as data, for a client that writes or reads the labels
+    (the dashboard): the separators, and per conditional axis its tag, its parameter (an
+    `ArchConfig` field), the `SearchSpace` field holding its values and the variants it
+    belongs to, in the order the parts are written."""
+    return {
+        "separator": PART_SEPARATOR,
+        "assign": TAG_SEPARATOR,
+        "parts": [
+            {
+                "tag": d.tag,
+                "field": d.name,
+                "space_field": d.field,
+                "variants": sorted(d.variants or ()),
+            }
+            for d in AXES
+            if d.tag is not None
+        ],
+    }
+
+
 def encode_residual(variant: str, values: dict[str, Any]) -> str:
     """The study's `residual` for a variant and its conditional axes (`block_attnres/S=4`);
     `values` may hold other parameters, only the variant's conditional ones are written."""
     parts = [variant]
     for d in AXES:
         if d.tag is not None and d.variants is not None and variant in d.variants:
-            parts.append(f"{d.tag}={values[d.name]}")
-    return "/".join(parts)
+            parts.append(f"{d.tag}{TAG_SEPARATOR}{values[d.name]}")
+    return PART_SEPARATOR.join(parts)
 
 
 def decode_residual(value: str) -> dict[str, Any]:
     """The inverse of `encode_residual`: `{"variant": ..., <conditional axis>: ...}`.
     Raises ValueError naming what is wrong with a string the codec never writes."""
-    variant, *items = value.split("/")
+    variant, *items = value.split(PART_SEPARATOR)
     out: dict[str, Any] = {VARIANT: variant}
     for item in items:
-        tag, sep, text = item.partition("=")
+        tag, sep, text = item.partition(TAG_SEPARATOR)
         d = _BY_TAG.get(tag)
         if not sep or d is None:
             raise ValueError(f"residual {value!r}: unknown part {item!r}")

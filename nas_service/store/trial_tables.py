@@ -5,7 +5,7 @@ trials, through Optuna's own table definitions, decoded as its `RDBStorage` deco
 Optuna's storage builds an ORM object per stored row (a trial has one per parameter, value,
 attribute and intermediate value) and then a `FrozenTrial` per trial: a cost per trial
 that dominates reading a large study with its attributes. Two readers need a
-whole study at once: a job's results table (`nas_service.results.answers`, on a first visit of its
+whole study at once: a job's results table (`nas_service.results.cache`, on a first visit of its
 page) and the runner's storage (`nas_service.store.optuna_storage`, on its first read of a study,
 which a restarted runner makes for every job it drives, while its workers wait).
 

@@ -50,7 +50,8 @@ def test_the_page_and_its_files_are_served_without_a_token(client: TestClient) -
     assert 'src="/dashboard/static/app.js"' in page.text
     assert '<body data-auth="token">' in page.text  # the page asks for the token first
     assert "/dashboard/static/vendor/echarts/echarts.common.min.js" in page.text
-    for name in ("app.js", "style.css", "vendor/echarts/echarts.common.min.js"):
+    modules = ("app.js", "dom.js", "names.js", "jobs.js", "job.js", "trial.js", "cost.js")
+    for name in (*modules, "style.css", "vendor/echarts/echarts.common.min.js"):
         r = client.get(f"/dashboard/static/{name}")
         assert r.status_code == 200 and len(r.content) > 100, name
     assert "http://" not in page.text and "https://" not in page.text  # nothing from a CDN
@@ -131,6 +132,33 @@ def test_the_catalogue_names_every_metric_with_its_unit(client: TestClient) -> N
     assert body["metrics"]["train_memory_bytes"]["unit"] == "bytes"
     assert body["metrics"]["val_bpb"]["unit"] == "bits/byte"
     assert "baseline" in body["variants"] and "h100" in body["hardware"]
+
+
+def test_the_catalogue_says_how_variants_are_labelled(client: TestClient) -> None:
+    """The fields each variant takes and the residual codec's parts, as the dashboard reads
+    them: a label written from the parts is the one the service's codec writes."""
+    from cost_model.residuals import BLOCK_SIZED, STREAMED
+    from nas_service.spec import decode_residual, encode_residual
+
+    body = client.get("/v1/catalogue", headers=AUTH).json()
+    fields = body["variant_fields"]
+    assert list(fields) == body["variants"]
+    for variant, taken in fields.items():
+        assert ("block_size" in taken) == (variant in BLOCK_SIZED)
+        assert ("mhc_streams" in taken) == (variant in STREAMED)
+    assert fields["baseline"] == [] and fields["block_attnres"] == ["block_size"]
+    codec = body["residual_codec"]
+    (part,) = codec["parts"]
+    assert part == {
+        "tag": "S",
+        "field": "block_size",
+        "space_field": "block_sizes",
+        "variants": sorted(BLOCK_SIZED),
+    }
+    for variant in part["variants"]:
+        written = f"{variant}{codec['separator']}{part['tag']}{codec['assign']}4"
+        assert written == encode_residual(variant, {"block_size": 4})
+        assert decode_residual(written)[part["field"]] == 4
 
 
 def test_points_are_every_trial_as_columns(client: TestClient, stored: tuple[str, int]) -> None:

@@ -277,7 +277,7 @@ def test_results_are_read_again_at_most_every_fresh_s(tmp_path: Path) -> None:
 
     import optuna
 
-    from nas_service.results.answers import ResultsCache
+    from nas_service.results.cache import ResultsCache
     from nas_service.store.jobs import optuna_storage
 
     url = f"sqlite:///{tmp_path / 'r.db'}"

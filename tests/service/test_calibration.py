@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from cost_model import ArchConfig, Parallelism, Workload, get_hardware
 from cost_model.calibration import MIN_TRIALS
 from cost_model.timing import train_step_time
-from nas_service.results.answers import TrialRow
 from nas_service.results.calibration import preset_of, trial_points
+from nas_service.results.rows import TrialRow
 from nas_service.spec import Training, parse_spec, read_stored
 from nas_service.store import TrialOutcome, TrialStatus
 from nas_service.store.records import TrainRun

@@ -133,7 +133,7 @@ def test_the_memo_is_bounded_in_bytes_least_recently_used_first() -> None:
     """Answers are kept while they fit in the memo's byte limit: many distinct large answers
     leave it within the limit, the most recent kept and the oldest gone; an answer larger
     than the whole limit is answered and not kept; one asked again stays."""
-    from nas_service.results.answers import JobResults, approx_bytes
+    from nas_service.results.cache import JobResults, approx_bytes
 
     results = JobResults("s", ["val_loss"], memo_limit=1 << 20)
     calls: list[int] = []
@@ -158,7 +158,7 @@ def test_the_memo_is_bounded_in_bytes_least_recently_used_first() -> None:
 def test_the_cache_drops_the_tables_read_least_recently(tmp_path: Path) -> None:
     """Past `max_bytes`, the tables read least recently are dropped (never the one being
     read), and a dropped one is loaded again, whole, when it is read next."""
-    from nas_service.results.answers import ResultsCache, table_bytes
+    from nas_service.results.cache import ResultsCache, table_bytes
     from nas_service.spec import parse_spec
     from nas_service.store.jobs import optuna_storage
 

@@ -13,7 +13,7 @@ import numpy as np
 import optuna
 import pytest
 
-from nas_service.results import profiles
+from nas_service.results import comparison, profiles
 from nas_service.results.answers import (
     JobResults,
     TrialRow,
@@ -214,7 +214,7 @@ def test_sensitivity_curves_per_shape_and_edge_flags() -> None:
         runs = [(setting(lr), [landscape(d, n_layers, lr)] * 2) for lr in grid]
         runs.append((setting(grid[1], 10.0), [landscape(d, n_layers, grid[1]) + 0.01] * 2))
         rows.append(make_row(len(rows), arch("baseline", n_layers, d), runs))
-    out = profiles.sensitivity(rows)
+    out = comparison.sensitivity(rows)
     (v,) = out["variants"]
     assert v["variant"] == "baseline"
     axes = {a["axis"]: a for a in v["axes"]}
@@ -266,23 +266,23 @@ def test_the_best_lr_fit_recovers_its_exponents_where_identifiable() -> None:
         return rows
 
     free = [(64, 2), (64, 8), (128, 4), (256, 2), (256, 8), (512, 4)]
-    (v,) = profiles.sensitivity(rows_for(free))["variants"]
+    (v,) = comparison.sensitivity(rows_for(free))["variants"]
     fit = v["best_lr_fit"]
     assert fit["a"] == pytest.approx(0.5, abs=1e-9) and fit["b"] == pytest.approx(-0.3, abs=1e-9)
     assert fit["c"] == pytest.approx(math.log(0.003 * 128**-0.5 * 4**0.3), abs=1e-9)
     assert fit["n_shapes"] == 6 and fit["rms_residual"] == pytest.approx(0.0, abs=1e-9)
     tied = [(64, 16), (128, 4), (256, 1)]  # d² L = 65536
-    (v,) = profiles.sensitivity(rows_for(tied))["variants"]
+    (v,) = comparison.sensitivity(rows_for(tied))["variants"]
     fit = v["best_lr_fit"]
     assert fit["b"] is None and "not separately identifiable" in fit["message"]
     assert fit["a"] == pytest.approx(0.5 + 0.6, abs=1e-9)  # ln L = const − 2 ln d
     # the widths of a real fixed-parameter sweep, rounded to the head dimension: nearly on
     # one line, so a two-term fit would give exponents that mean nothing
     rounded = [(104, 1), (72, 2), (64, 3), (56, 4), (48, 5), (40, 8)]
-    (v,) = profiles.sensitivity(rows_for(rounded))["variants"]
+    (v,) = comparison.sensitivity(rows_for(rounded))["variants"]
     fit = v["best_lr_fit"]
     assert fit["b"] is None and "not separately identifiable" in fit["message"]
-    (v,) = profiles.sensitivity(rows_for(tied[:2]))["variants"]
+    (v,) = comparison.sensitivity(rows_for(tied[:2]))["variants"]
     assert v["best_lr_fit"] is None  # fewer than three shapes
 
 
@@ -323,7 +323,7 @@ def test_paired_intervals_cover_a_known_effect_at_the_stated_rate() -> None:
     −0.01: the 95% interval holds −0.01 in 93–97% of them."""
     effect = -0.01
     rows = paired_rows(lambda d: effect, range(1, 2001), seeds=4, noise=0.01)
-    out = profiles.compare(rows, "baseline")
+    out = comparison.compare(rows, "baseline")
     assert out["method"] == "paired Student t over seeds, n-1 degrees of freedom"
     assert out["reference"] == "baseline" and out["level"] == 0.95
     pairs = out["pairs"]
@@ -341,7 +341,7 @@ def test_paired_intervals_cover_a_known_effect_at_the_stated_rate() -> None:
 
 def test_no_effect_is_no_difference_at_about_the_false_positive_rate() -> None:
     rows = paired_rows(lambda d: 0.0, range(1, 2001), seeds=3, noise=0.01, rng_seed=1)
-    verdicts = [p["verdict"] for p in profiles.compare(rows, "baseline")["pairs"]]
+    verdicts = [p["verdict"] for p in comparison.compare(rows, "baseline")["pairs"]]
     false_positive = 1 - verdicts.count("no_difference") / len(verdicts)
     assert 0.03 <= false_positive <= 0.07
 
@@ -355,10 +355,10 @@ def test_strong_effects_are_better_or_worse_thanks_to_the_pairing() -> None:
     comparison of means, but each seed's difference sees only the runs' own noise."""
     for effect, verdict in ((-0.02, "better"), (0.02, "worse")):
         rows = paired_rows(functools.partial(constant, effect), range(1, 21), seeds=3, noise=0.002)
-        pairs = profiles.compare(rows, "baseline")["pairs"]
+        pairs = comparison.compare(rows, "baseline")["pairs"]
         assert [p["verdict"] for p in pairs] == [verdict] * 20
     one = paired_rows(lambda d: -0.02, [4], seeds=1, noise=0.002)
-    (p,) = profiles.compare(one, "baseline")["pairs"]
+    (p,) = comparison.compare(one, "baseline")["pairs"]
     assert p["verdict"] == "undetermined" and p["ci_low"] is None and len(p["differences"]) == 1
 
 
@@ -368,7 +368,7 @@ def test_only_seeds_both_have_are_paired() -> None:
         make_row(0, arch("baseline", 4, 256), [(s, [2.0, 2.1, 2.2])]),
         make_row(1, arch("denseformer", 4, 256), [(s, [1.9, 2.05])]),
     ]
-    (p,) = profiles.compare(rows, "baseline")["pairs"]
+    (p,) = comparison.compare(rows, "baseline")["pairs"]
     assert p["seeds"] == [0, 1] and p["differences"] == pytest.approx([-0.1, -0.05])
     half = 12.7062 * np.std([-0.1, -0.05], ddof=1) / math.sqrt(2)  # t(0.975, 1)
     assert p["ci_low"] == pytest.approx(-0.075 - half, rel=1e-4)
@@ -379,7 +379,7 @@ def test_only_seeds_both_have_are_paired() -> None:
 def test_crossover_at_the_right_depth() -> None:
     depths = [2, 3, 4, 6, 8, 12, 16]
     rows = paired_rows(lambda d: 0.03 if d < 6 else -0.05, depths, seeds=4, noise=0.003)
-    out = profiles.compare(rows, "baseline")
+    out = comparison.compare(rows, "baseline")
     (c,) = out["crossover"]
     assert c["variant"] == "block_attnres/S=4"
     assert c["crossover_depth"] == 6 and c["crossover_sublayers"] == 12
@@ -400,18 +400,18 @@ def test_crossover_at_the_right_depth() -> None:
     )
     rows = [r for r in rows if not (r.arch["n_layers"] == 6 and r.variant == "baseline")]
     rows.append(make_row(98, arch("baseline", 6, 384), [(setting(3e-3), [2.0, 2.0, 2.0, 2.01])]))
-    (c,) = profiles.compare(rows, "baseline")["crossover"]
+    (c,) = comparison.compare(rows, "baseline")["crossover"]
     assert c["by_depth"][3]["verdict"] == "no_difference"
     assert c["crossover_depth"] == 8
     # better everywhere: the crossover is the shallowest explored depth, and it says so
     rows = paired_rows(lambda d: -0.05, depths, seeds=4, noise=0.003)
-    (c,) = profiles.compare(rows, "baseline")["crossover"]
+    (c,) = comparison.compare(rows, "baseline")["crossover"]
     assert c["crossover_depth"] == 2 and "every depth" in c["message"]
 
 
 def test_no_crossover_is_a_statement_with_the_explored_range() -> None:
     rows = paired_rows(lambda d: -0.05 if d < 8 else 0.02, [2, 4, 8, 16], seeds=4, noise=0.003)
-    (c,) = profiles.compare(rows, "baseline")["crossover"]
+    (c,) = comparison.compare(rows, "baseline")["crossover"]
     assert c["crossover_depth"] is None and c["crossover_sublayers"] is None
     assert (
         "no crossover found in the explored range [2, 16] n_layers (4-32 sublayers)" in c["message"]
@@ -424,19 +424,19 @@ def test_compare_names_its_reference_and_its_unmatched_shapes() -> None:
         make_row(10, arch("block_attnres", 8, 512, block_size=4), [(setting(3e-3), [2.0] * 3)])
     )
     rows.append(make_row(11, arch("baseline", 16, 512), [(setting(3e-3), [2.0] * 3)]))
-    out = profiles.compare(rows, "baseline")
+    out = comparison.compare(rows, "baseline")
     assert [(u["variant"], u["n_layers"]) for u in out["unmatched"]] == [
         ("block_attnres/S=4", 8),
         ("baseline", 16),
     ]
-    against = profiles.compare(rows, "block_attnres")  # the job's only block size
+    against = comparison.compare(rows, "block_attnres")  # the job's only block size
     assert against["reference"] == "block_attnres/S=4"
     assert [p["variant"] for p in against["pairs"]] == ["baseline", "baseline"]
     assert against["pairs"][0]["mean"] == pytest.approx(-out["pairs"][0]["mean"])
     with pytest.raises(ValueError, match="'mhc_lite' has no trained trial"):
-        profiles.compare(rows, "mhc_lite")
+        comparison.compare(rows, "mhc_lite")
     with pytest.raises(ValueError, match="no trained trial"):
-        profiles.compare([], "baseline")
+        comparison.compare([], "baseline")
 
 
 def test_each_variant_is_compared_at_its_own_best_setting() -> None:
@@ -448,7 +448,7 @@ def test_each_variant_is_compared_at_its_own_best_setting() -> None:
         make_row(1, arch("full_attnres", 4, 256), [(s1, [2.2, 2.3])]),
         make_row(2, arch("full_attnres", 4, 256), [(s10, [1.9, 2.05])]),  # joint: another trial
     ]
-    (p,) = profiles.compare(rows, "baseline")["pairs"]
+    (p,) = comparison.compare(rows, "baseline")["pairs"]
     assert p["setting"] == s10 and p["reference_setting"] == s1
     assert p["trial"] == 2 and p["differences"] == pytest.approx([-0.1, -0.05])
 
@@ -472,13 +472,13 @@ def test_old_rows_work_in_every_function() -> None:
     prof = profiles.profile(rows)
     assert len(prof) == 8 and all(p.setting == {} and p.n_settings == 1 for p in prof)
     assert profiles.fixed_view(rows)[0] == {} and len(profiles.fixed_view(rows)[1]) == 8
-    assert profiles.sensitivity(rows) == {
+    assert comparison.sensitivity(rows) == {
         "variants": [
             {"variant": v, "axes": [], "best_lr": [], "best_lr_fit": None, "flags": []}
             for v in ("baseline", "denseformer")
         ]
     }
-    out = profiles.compare(rows, "baseline")
+    out = comparison.compare(rows, "baseline")
     assert [p["verdict"] for p in out["pairs"]] == ["undetermined"] * 4  # one seed each
     assert out["pairs"][0]["differences"] == pytest.approx([-0.01])
     results = JobResults("s", ["val_loss"], rows)
@@ -620,4 +620,4 @@ def test_every_query_reads_the_one_profile_of_the_job(monkeypatch: pytest.Monkey
         assert _points(results, group, True) == [
             (p.row, p.loss, p.setting) for p in profiles.profile(group)
         ]
-    assert compared == profiles.compare(results.counted(), "baseline", 0.95)
+    assert compared == comparison.compare(results.counted(), "baseline", 0.95)

@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 import pytest
 
-from nas_service.results.answers import JobResults, ResultsCache
+from nas_service.results.cache import JobResults, ResultsCache
 from nas_service.store.jobs import optuna_storage
 
 
@@ -160,7 +160,7 @@ def test_a_large_first_load_is_frozen_out_of_the_cycle_collector(
     leaves more than FREEZE_AFTER, they go to the collector's permanent generation (every
     later collection would walk them); a refresh that adds a few rows freezes nothing, and
     the collector is on afterwards."""
-    from nas_service.results import answers as results_module
+    from nas_service.results import cache as results_module
     from tests.service.apikit import SPEC, _synthetic
 
     storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")

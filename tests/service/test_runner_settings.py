@@ -21,7 +21,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import select
 
 from nas_service.jobs import submit
-from nas_service.results.answers import ResultsCache
+from nas_service.results.cache import ResultsCache
 from nas_service.runner.loop import Runner
 from nas_service.runner.recovery import record_event, recover_job
 from nas_service.spec import TRAINING_AXES

@@ -22,7 +22,7 @@ from optuna.trial import FrozenTrial, TrialState, create_trial
 from sqlalchemy import Engine, event
 
 from nas_service.api.app import create_app
-from nas_service.results.answers import _row
+from nas_service.results.decode import _row
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
 from nas_service.store.jobs import optuna_storage
