@@ -54,15 +54,8 @@ from nas_service.runner.cluster import RayUnavailable, connect_ray, ray_init_pen
 from nas_service.runner.failures import describe, is_database_outage
 from nas_service.runner.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
 from nas_service.runner.recovery import Stops, jobs_to_recover, record_event, recover_job
-from nas_service.search.rungs import (
-    Ladder,
-    Waiting,
-    describe_fidelity,
-    first_rung,
-    leftover_reason,
-    n_rungs,
-    records,
-)
+from nas_service.search.rungs import Waiting, records
+from nas_service.search.scheduler import Resume, Scheduler, scheduler_for
 from nas_service.search.study import (
     Layouts,
     load_study,
@@ -113,6 +106,10 @@ class ActiveJob:
     study: optuna.Study
     corpus: CorpusLocation | None
     layouts: Layouts = field(default_factory=dict)  # `cost.layout: auto`: primed once
+    scheduler: Scheduler = field(init=False)  # what its free slots do next
+
+    def __post_init__(self) -> None:
+        self.scheduler = scheduler_for(self.spec)
 
 
 class Runner(TrialOutcomes):
@@ -331,7 +328,7 @@ class Runner(TrialOutcomes):
     def _schedule(self) -> bool:
         """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
         jobs, cancelled_ids = self._job_list()
-        waiting = {j for j, a in self.jobs.items() if a.spec.fidelity is not None}
+        waiting = {j for j, a in self.jobs.items() if a.scheduler.pauses}
         flying = {f.job_id for f in self.flights} | {f.job_id for _, f in self.parked}
         cancelled = cancelled_ids & (flying | waiting)
         for job_id in cancelled:
@@ -355,41 +352,31 @@ class Runner(TrialOutcomes):
                 row = s.get(Job, job.id)
                 assert row is not None
                 row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
-                started = f"on cluster {self.cluster}"
-                if spec.fidelity is not None:
-                    started += f"; {describe_fidelity(spec)}"
+                started = f"on cluster {self.cluster}{active.scheduler.start_note()}"
                 row.events.append(JobEvent(kind=EventKind.STARTED, message=started))
             self._relist()
         if self._relaunch_parked(job.id):
             return  # paused: the artifact store failed one of its runs (`_store_fault`)
         done = self.counted(study)
         mine = [f for f in self.flights if f.job_id == job.id]
-        ladder = self._ladder(active, mine)
-        waiting = len(ladder.waiting) if ladder is not None else 0
+        scheduler = active.scheduler
+        scheduler.observe(study, {f.trial.number for f in mine})
         while len(mine) < spec.max_concurrent:
             if self.errors[job.id] >= self.settings.max_job_errors:
                 return
-            promotion = ladder.next_promotion(n_rungs(spec) - 1) if ladder is not None else None
-            if ladder is not None and promotion is not None:
-                ladder.promote(promotion)
-                waiting -= 1
-                flight = self._promote(job.id, active, promotion)
-                if flight is None:
-                    done += 1
-                else:
-                    mine.append(flight)
-                continue
-            if done + len(mine) + waiting >= spec.n_trials:
+            slot = scheduler.next_slot(done, len(mine))
+            if slot is None:
                 break
-            flight = self._ask(job.id, active)
+            if isinstance(slot, Resume):
+                flight = self._promote(job.id, active, slot.waiting)
+            else:
+                flight = self._ask(job.id, active)
             if flight is None:
                 done += 1
             else:
                 mine.append(flight)
-        if ladder is not None and ladder.waiting:
-            done += self._stop_waiting(job.id, active, ladder, left=not mine)
-            waiting = len(ladder.waiting)
-        if done >= spec.n_trials and not mine and not waiting:
+        done += self._stop_waiting(job.id, active, idle=not mine)
+        if done >= spec.n_trials and not mine and not scheduler.waiting:
             with self.Session.begin() as s:
                 row = s.get(Job, job.id)
                 assert row is not None
@@ -397,16 +384,10 @@ class Runner(TrialOutcomes):
                 row.events.append(JobEvent(kind=EventKind.COMPLETED, message=f"{done} trials"))
             self._relist()
             self.jobs.pop(job.id, None)
-            if spec.fidelity is not None:
+            if scheduler.pauses:
                 self.forget_checkpoints(job.id)
 
-    # -- multi-fidelity (nas_service.search.rungs) ----------------------------------------------
-    def _ladder(self, active: ActiveJob, mine: list[Flight]) -> Ladder | None:
-        """The job's rungs as its trials record them (None without fidelity)."""
-        if active.spec.fidelity is None:
-            return None
-        trials = active.study.get_trials(deepcopy=False)
-        return Ladder.of(active.spec, trials, {f.trial.number for f in mine})
+    # -- multi-fidelity (nas_service.search.scheduler) -------------------------------------
 
     def _promote(self, job_id: str, active: ActiveJob, w: Waiting) -> Flight | None:
         """Train the next rung of a waiting trial: its record marked promoted, then its
@@ -429,6 +410,7 @@ class Runner(TrialOutcomes):
             flight = Flight(
                 job_id,
                 spec,
+                active.scheduler,
                 study,
                 trial,
                 priced,
@@ -462,29 +444,23 @@ class Runner(TrialOutcomes):
         `outcome`; the job's checkpoints deleted."""
         super()._cancel_flights(job_id, outcome, reason)
         active = self.jobs.get(job_id)
-        if active is None or active.spec.fidelity is None:
+        if active is None or not active.scheduler.pauses:
             return
-        ladder = self._ladder(active, [])
-        assert ladder is not None
-        for w in ladder.waiting:
+        active.scheduler.observe(active.study, set())
+        for w in list(active.scheduler.waiting):
             conclude(active.study, w.trial, outcome, reason, TrialState.FAIL)
             self._touch_run(job_id, w.trial.number, reason, RunState.FAILED)
         self.forget_checkpoints(job_id)
         self.jobs.pop(job_id, None)
 
-    def _stop_waiting(self, job_id: str, active: ActiveJob, ladder: Ladder, left: bool) -> int:
-        """Tell pruned the waiting trials that can never be promoted, and, when the job has
-        nothing in flight and nothing left to ask (`left`), every one still waiting: no
-        result can arrive that would promote it. Returns how many were told."""
-        spec = active.spec
-        stop = ladder.hopeless(spec.n_trials)
-        if left and not stop and ladder.next_promotion(n_rungs(spec) - 1) is None:
-            stop = [(w, leftover_reason(w, ladder)) for w in ladder.waiting]
+    def _stop_waiting(self, job_id: str, active: ActiveJob, idle: bool) -> int:
+        """Tell pruned the waiting trials the scheduler gives up (`Scheduler.settle`;
+        `idle`: the job has nothing in flight). Returns how many were told."""
+        stop = active.scheduler.settle(idle)
         for w, reason in stop:
             conclude(active.study, w.trial, TrialOutcome.PRUNED, reason, TrialState.PRUNED)
             self._touch_run(job_id, w.trial.number, reason)
             self.forget_checkpoints(job_id, w.trial.number)
-            ladder.waiting.remove(w)
         return len(stop)
 
     def _check_resources(self, spec: JobSpec) -> None:
@@ -539,9 +515,18 @@ class Runner(TrialOutcomes):
                 self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)
                 return None
             settings = tune_settings(spec, params)
-            first = first_rung(spec, trial.number)  # its Hyperband bracket's (0 without)
+            first = active.scheduler.first_rung(trial.number)  # its Hyperband bracket's
             flight = Flight(
-                job_id, spec, study, trial, priced, -1, settings, rung=first, first=first
+                job_id,
+                spec,
+                active.scheduler,
+                study,
+                trial,
+                priced,
+                -1,
+                settings,
+                rung=first,
+                first=first,
             )
             self._launch(flight)
             # its attributes and run row written at the end of the pass (`_record_asked`)

@@ -58,12 +58,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from nas_service.runner.backend import Backend
 from nas_service.runner.failures import _task_cause, describe, is_database_outage
-from nas_service.search.rungs import (
-    checkpoint_key,
-    n_rungs,
-    rung_spec,
-    trial_prefix,
-)
+from nas_service.search.rungs import checkpoint_key, trial_prefix
+from nas_service.search.scheduler import Scheduler
 from nas_service.search.study import (
     Priced,
     bpb_per_loss,
@@ -113,6 +109,7 @@ class Flight:
 
     job_id: str
     spec: JobSpec
+    scheduler: Scheduler
     study: optuna.Study
     trial: optuna.Trial
     priced: Priced
@@ -158,7 +155,7 @@ class Flight:
 
     @property
     def last_rung(self) -> bool:
-        return self.rung == n_rungs(self.spec) - 1
+        return self.rung == self.scheduler.rungs - 1
 
     def summaries(self) -> list[TrainRun]:
         """The `train` attribute: every finished run's summary (earlier rungs' first), its
@@ -323,9 +320,8 @@ class TrialOutcomes:
         def key(rung: int) -> str:
             return checkpoint_key(flight.job_id, number, s, k, rung)
 
-        run = rung_spec(
+        run = flight.scheduler.run_of(
             base,
-            flight.spec,
             flight.rung,
             flight.first,
             key,
@@ -378,7 +374,7 @@ class TrialOutcomes:
         """The flight's trial was told: its run row closed, the flight dropped, its
         checkpoints (multi-fidelity) deleted."""
         self._close_run(flight.run_id, state, reason)
-        if flight.spec.fidelity is not None:
+        if flight.scheduler.pauses:
             self.forget_checkpoints(flight.job_id, flight.trial.number)
         if flight.next_run_id is not None:  # opened for a run that will never start
             self._drop_run(flight.next_run_id)
@@ -391,7 +387,7 @@ class TrialOutcomes:
             flight.points.append(point)
         if flight.seed != 0 or flight.tuned or flight.spec.pruner == "none":
             return  # see the module's docstring
-        if flight.spec.fidelity is not None:
+        if not flight.scheduler.prunes_points():
             return  # the rungs decide which candidates go on
         trial, spec = flight.trial, flight.spec
         reason = None
@@ -487,19 +483,16 @@ class TrialOutcomes:
             )
             self._finish_run(flight, RunState.FAILED, reason)
             return
-        if flight.spec.fidelity is not None:
-            assert flight.priced.train_spec is not None
-            per_step = flight.priced.train_spec.tokens_per_step
-            rung: RungRecord = {
-                "rung": flight.rung,
-                "fraction": float(flight.spec.fidelity.rungs[flight.rung]),
-                "loss": stats["mean"],
-                "values": values,
-                "steps": first.result.steps,
-                "tokens": first.result.steps * per_step,
-                "given_up": sorted(flight.given_up),
-                "promoted": False,
-            }
+        assert flight.priced.train_spec is not None
+        rung = flight.scheduler.rung_record(
+            flight.rung,
+            stats["mean"],
+            values,
+            first.result.steps,
+            first.result.steps * flight.priced.train_spec.tokens_per_step,
+            sorted(flight.given_up),
+        )
+        if rung is not None:  # a rung of several (`nas_service.search.scheduler`)
             attrs[TrialAttr.RUNGS] = [*flight.records, rung]
             if not flight.last_rung:
                 self._pause(flight, attrs, stats["mean"])
@@ -516,7 +509,7 @@ class TrialOutcomes:
         if not flight.spec.multi_objective:  # the sampler reads a pruned trial's last value
             trial.report(loss, rung)
         set_user_attrs(flight.study, trial, attrs | {TrialAttr.WAITING: rung})  # one transaction
-        waiting = f"rung {rung + 1} of {n_rungs(flight.spec)}: waiting for promotion"
+        waiting = f"rung {rung + 1} of {flight.scheduler.rungs}: waiting for promotion"
         self._close_run(flight.run_id, RunState.COMPLETED, waiting)
         if flight.next_run_id is not None:
             self._drop_run(flight.next_run_id)
