@@ -4,10 +4,11 @@ retries candidates whose worker died, and resumes after a crash. A trial trains 
 setting of its `tune` grid (one without) at every seed, one run after the other in its slot,
 and records each run as it finishes (`nas_service.runner.outcomes`).
 
-With a `fidelity` section (ASHA, Hyperband brackets) a slot that frees promotes the best
-waiting trial of the highest rung first, and asks a new trial only when none can go on;
-trials that can never be promoted are told pruned as soon as that is certain, and those
-still waiting when nothing else is left at the end (`nas_service.search.rungs`).
+What a free slot does next is its job's scheduler's answer (`nas_service.search.scheduler`):
+start a new candidate, or resume a trial waiting at a rung (with a `fidelity` section: ASHA,
+Hyperband brackets, the best waiting trial of the highest rung first); trials that can never
+be promoted are told pruned as soon as that is certain, and those still waiting when nothing
+else is left at the end.
 
 Only this process touches the database; workers are stateless. A trial is done only when
 told to the study. A runner drives a cluster only while it holds the cluster's lease
