@@ -4,16 +4,12 @@ dashboard at / (`nas_service.dashboard`; its reads in `api/dashboard_api.py`).
 
 With `run_clusters`, the app also starts one runner process per named cluster (the
 `depthscope serve` default: the local one) and stops them on shutdown; a runner restarted
-after a crash resumes its jobs.
+after a crash resumes its jobs (`nas_service.runner.supervisor`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -26,6 +22,7 @@ from nas_service import dashboard
 from nas_service.api import analysis, cost, dashboard_api, docs, errors, health, jobs
 from nas_service.api.routing import BodyLimit, RequestTimer
 from nas_service.results.cache import ResultsCache
+from nas_service.runner.supervisor import Supervisor
 from nas_service.settings import Settings, get_settings
 from nas_service.store import make_engine, make_sessionmaker, upgrade
 from nas_service.store.jobs import optuna_storage
@@ -56,46 +53,13 @@ def create_app(settings: Settings, run_clusters: Sequence[str] = ()) -> FastAPI:
             job_runs=True,
         )
 
-        def start(name: str) -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "nas_service.runner",
-                    "--cluster",
-                    name,
-                    "--forever",
-                    "--watch-parent",  # it stops when this service dies, however it dies
-                ],
-                env=os.environ | {"DEPTHSCOPE_DATABASE_URL": settings.database_url},
-            )
-
-        app.state.runners = {name: start(name) for name in run_clusters}
-
-        async def supervise() -> None:
-            """Restart a runner that died; it resumes its jobs (`Runner.recover`)."""
-            while True:
-                await asyncio.sleep(5)
-                for name, proc in list(app.state.runners.items()):
-                    if proc.poll() is not None:
-                        log.warning(
-                            "runner for %s exited with %s; restarting", name, proc.returncode
-                        )
-                        app.state.runners[name] = start(name)
-
-        supervisor = asyncio.create_task(supervise()) if run_clusters else None
+        supervisor = Supervisor(settings.database_url, run_clusters)
+        app.state.runners = supervisor.processes  # health reads them
+        supervisor.start()
         try:
             yield
         finally:
-            if supervisor is not None:
-                supervisor.cancel()
-            for proc in app.state.runners.values():
-                proc.terminate()
-            for proc in app.state.runners.values():
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            supervisor.stop()
             engine.dispose()
 
     app = FastAPI(

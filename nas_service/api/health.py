@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from nas_service.api.errors import responses
 from nas_service.api.routing import LATENCY_BUCKETS, SECURED, ApiRoute
 from nas_service.store import JOB_STATES, RUN_STATES, Job, JobStatus, RunnerLife, TrialRun
+from nas_service.store.lease import lease_holders
 
 #: The text format every Prometheus reads (what `generate_latest` writes).
 PROMETHEUS_TEXT = CONTENT_TYPE_PLAIN_0_0_4
@@ -30,8 +31,10 @@ metrics_router = APIRouter(tags=["metrics"], route_class=ApiRoute, dependencies=
 class HealthRead(BaseModel):
     """`status` ok or degraded (then the answer is a 503); the database, the runners (alive
     or not), whether each runner's Ray is ready (`runner_ray`: ready, connecting, waiting
-    for the lease, starting, or unknown while the database does not answer) and each
-    configured remote Ray head (reachable or not)."""
+    for the lease, starting, stopped, or unknown while the database does not answer) and
+    each configured remote Ray head (reachable or not). The runners are every runner of the
+    database (its lease rows, `nas_service.store.lease.lease_holders`) and those this
+    service started (`nas_service.runner.supervisor`), which may not hold a lease yet."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -57,11 +60,15 @@ def health(request: Request) -> JSONResponse:
         body["database"] = f"unreachable: {type(exc).__name__}"
         body["status"] = "degraded"
     runners = request.app.state.runners
-    if runners:
-        alive = {name: proc.poll() is None for name, proc in runners.items()}
-        body["runners"] = alive
-        ready = _runner_ray(request, runners) if body["database"] == "ok" else {}
-        body["runner_ray"] = {name: ready.get(name, "unknown") for name in runners}
+    database = body["database"] == "ok"
+    leased = _leased(request) if database else {}
+    if runners or leased:
+        alive = {name: held[0] for name, held in leased.items()}
+        alive |= {name: proc.poll() is None for name, proc in runners.items()}
+        body["runners"] = dict(sorted(alive.items()))
+        ready = {name: held[1] for name, held in leased.items()}
+        ready |= _runner_ray(request, runners) if database else {}
+        body["runner_ray"] = {name: ready.get(name, "unknown") for name in body["runners"]}
         if not all(alive.values()) or any(v != "ready" for v in body["runner_ray"].values()):
             body["status"] = "degraded"
     remote = {
@@ -72,6 +79,14 @@ def health(request: Request) -> JSONResponse:
     if remote:
         body["ray"] = {name: "ok" if ok else "unreachable" for name, ok in remote.items()}
     return JSONResponse(body, status_code=200 if body["status"] == "ok" else 503)
+
+
+def _leased(request: Request) -> dict[str, tuple[bool, str]]:
+    """Every runner of the database, alive or not, and where it stands (its lease row)."""
+    try:
+        return lease_holders(request.app.state.sessions)
+    except Exception:  # report, do not raise: health must answer
+        return {}
 
 
 def _runner_ray(request: Request, runners: dict[str, Any]) -> dict[str, str]:

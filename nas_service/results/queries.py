@@ -49,7 +49,7 @@ from nas_service.results.reads import (
     TrialRead,
 )
 from nas_service.results.rows import TrialRow
-from nas_service.search.rungs import expected_compute, rung_progress
+from nas_service.search.scheduler import scheduler_for
 from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
 from nas_service.store import Job, JobStatus, TrialOutcome, TrialStatus
@@ -126,7 +126,6 @@ def _tally(job: Job, stored: JobSpec | None, kind: str, results: JobResults) -> 
     rows = [r for r in results.rows if not r.lost]
     counted = results.counted()
     outcome = [r.outcome for r in counted]
-    fidelity = stored is not None and stored.fidelity is not None
     plan = _run_plan(stored, rows, counted, job.n_trials)
     key: Literal["flops_spent", "tokens_seen"] = "flops_spent" if kind == "flops" else "tokens_seen"
     return Tally(
@@ -141,8 +140,8 @@ def _tally(job: Job, stored: JobSpec | None, kind: str, results: JobResults) -> 
             diverged=outcome.count(TrialOutcome.DIVERGED),
             runs_done=plan.done,
             runs_total=plan.total,
-            rungs=[RungProgress(**r) for r in rung_progress(stored, rows)]
-            if stored is not None and fidelity
+            rungs=[RungProgress(**r) for r in scheduler_for(stored).progress(rows)]
+            if stored is not None
             else [],
         ),
         per_trial=plan.per_trial,
@@ -163,7 +162,7 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     read = stored_spec(job)
     stored = read.spec  # None: a spec this version no longer reads (`read.reason` says why)
     kind, values = read.budget
-    fidelity = stored is not None and stored.fidelity is not None
+    scheduler = scheduler_for(stored) if stored is not None else None
     tally = results.memoised(
         ("summary", job.id, job.n_trials), lambda: _tally(job, stored, kind, results)
     )
@@ -173,8 +172,8 @@ def summarise(job: Job, results: JobResults) -> JobRead:
     runs_total, runs_done = tally.progress.runs_total, tally.progress.runs_done
     run_times = tally.run_times
     eta = None
-    if stored is not None and fidelity:  # the plan's expected compute; the ETA from its rate
-        total *= expected_compute(stored)
+    if scheduler is not None and scheduler.pauses:  # the plan's expected compute; the ETA
+        total *= scheduler.expected_compute()  # from its rate
         elapsed = _elapsed_s(job)
         if job.status.active and spent > 0 and elapsed is not None:
             eta = max(0.0, elapsed * (total - spent) / spent)

@@ -4,10 +4,11 @@ retries candidates whose worker died, and resumes after a crash. A trial trains 
 setting of its `tune` grid (one without) at every seed, one run after the other in its slot,
 and records each run as it finishes (`nas_service.runner.outcomes`).
 
-With a `fidelity` section (ASHA, Hyperband brackets) a slot that frees promotes the best
-waiting trial of the highest rung first, and asks a new trial only when none can go on;
-trials that can never be promoted are told pruned as soon as that is certain, and those
-still waiting when nothing else is left at the end (`nas_service.search.rungs`).
+What a free slot does next is its job's scheduler's answer (`nas_service.search.scheduler`):
+start a new candidate, or resume a trial waiting at a rung (with a `fidelity` section: ASHA,
+Hyperband brackets, the best waiting trial of the highest rung first); trials that can never
+be promoted are told pruned as soon as that is certain, and those still waiting when nothing
+else is left at the end.
 
 Only this process touches the database; workers are stateless. A trial is done only when
 told to the study. A runner drives a cluster only while it holds the cluster's lease
@@ -36,47 +37,38 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import logging
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
-from sqlalchemy import select
 
+from nas_service.runner.active import (
+    COUNTED,
+    JOB_LIST_REFRESH_S,
+    ActiveJob,
+    ActiveJobs,
+    JobBroken,
+    counted,
+)
 from nas_service.runner.backend import Backend, RayBackend
 from nas_service.runner.cluster import RayUnavailable, connect_ray, ray_init_pending
 from nas_service.runner.failures import describe, is_database_outage
-from nas_service.runner.outcomes import MAX_ATTEMPTS, Flight, TrialOutcomes, conclude
+from nas_service.runner.flights import Flight, Flights
+from nas_service.runner.outcomes import MAX_ATTEMPTS, Outcomes, conclude
 from nas_service.runner.recovery import Stops, jobs_to_recover, record_event, recover_job
-from nas_service.search.rungs import (
-    Ladder,
-    Waiting,
-    describe_fidelity,
-    first_rung,
-    leftover_reason,
-    n_rungs,
-    records,
-)
-from nas_service.search.study import (
-    Layouts,
-    load_study,
-    price_candidate,
-    prime_layouts,
-    suggest,
-    tune_settings,
-)
+from nas_service.runner.runs import RunRows
+from nas_service.runner.starts import Starts
+from nas_service.search.scheduler import Resume
 from nas_service.settings import LOCAL_CLUSTER, Settings, get_settings
-from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus
+from nas_service.spec import JobSpec
 from nas_service.store import (
     EventKind,
     Job,
-    JobEvent,
     JobStatus,
     RunState,
     TrialOutcome,
@@ -84,42 +76,37 @@ from nas_service.store import (
     make_sessionmaker,
     upgrade,
 )
-from nas_service.store.jobs import active_jobs, optuna_storage, stored_spec
+from nas_service.store.jobs import optuna_storage
 from nas_service.store.lease import CRASHED, STOPPED, Lease, LeaseLost, Life
 from nas_service.store.optuna_compat import check_optuna
-from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs
-from nas_service.store.records import TrialAttr, TrialRecord
+from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.records import TrialAttr
 from workers.contract import EvalPoint, TrainResult
 
-__all__ = ["MAX_ATTEMPTS", "Runner", "connect_ray", "main"]
+__all__ = [
+    "COUNTED",
+    "JOB_LIST_REFRESH_S",
+    "MAX_ATTEMPTS",
+    "ActiveJob",
+    "JobBroken",
+    "Runner",
+    "connect_ray",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 
-COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-#: How often the loop re-reads the cluster's active and cancelled jobs, in seconds: a job
-#: submitted or cancelled is seen within it; the runner's own changes of a job's status at
-#: once. (Read on every pass, the two queries were a fifth of the statements per trial at
-#: 1,000 workers, where a pass follows every result.)
-JOB_LIST_REFRESH_S = 1.0
 
-
-class JobBroken(RuntimeError):
-    """A job that cannot run at all; it is failed with this reason."""
-
-
-@dataclass
-class ActiveJob:
-    spec: JobSpec
-    study: optuna.Study
-    corpus: CorpusLocation | None
-    layouts: Layouts = field(default_factory=dict)  # `cost.layout: auto`: primed once
-
-
-class Runner(TrialOutcomes):
+class Runner:
     """Drives every active job on one Ray cluster (`cluster`, a name from the settings).
     With `watch_parent`, it stops when the process that started it dies (`depthscope serve`
     starts its runners so). `backend` runs the training (default: `RayBackend` on the
-    cluster; `nas_service.runner.simulated.SimulatedBackend` replays a landscape)."""
+    cluster; `nas_service.runner.simulated.SimulatedBackend` replays a landscape).
+
+    Its collaborators: `jobs` (the active jobs and their rows, `runner.active`), `flights`
+    (the trials in flight, `runner.flights`), `runs` (their run rows, `runner.runs`) and
+    `outcomes` (what is done with one trial, `runner.outcomes`); each job's scheduler
+    answers what a free slot does next (`nas_service.search.scheduler`)."""
 
     def __init__(
         self,
@@ -142,50 +129,28 @@ class Runner(TrialOutcomes):
             optuna_storage(settings.database_url), uncounted=TrialAttr.LOST
         )
         self.lease = Lease(self.Session, cluster, settings.runner_lease_s)
-        self.flights: list[Flight] = []
-        self.jobs: dict[str, ActiveJob] = {}
         self.errors: collections.Counter[str] = collections.Counter()
-        self.store_faults: collections.Counter[str] = collections.Counter()
-        self.parked: list[tuple[float, Flight]] = []  # paused after a store fault
         self.backlog: list[tuple[Flight, Any]] = []  # results the database has not taken yet
-        self._unrecorded = []
         self.parent = os.getppid() if watch_parent else None
         self.life = Life(self.Session, cluster, self.lease.holder, service_pid=self.parent)
-        self._listed: tuple[list[Job], set[str]] | None = None  # active jobs, cancelled ids
-        self._listed_at = 0.0
         self._event = record_event(self.Session)
-
-    # -- bookkeeping ---------------------------------------------------------------------
-    def _job(self, job: Job) -> ActiveJob:
-        if job.id not in self.jobs:
-            stored = stored_spec(job)  # as the API reads it, with the same reason
-            if stored.spec is None:
-                raise JobBroken(f"the stored spec is no longer valid: {stored.reason}")
-            spec = stored.spec
-            try:
-                corpus = locate_corpus(spec.training.corpus, self.settings)
-            except SpecError as exc:
-                raise JobBroken(str(exc)) from None
-            self.jobs[job.id] = ActiveJob(
-                spec,
-                load_study(spec, self.storage, job.study_name),
-                corpus,
-                prime_layouts(spec, self.settings.max_candidates_enumerated),
-            )
-        return self.jobs[job.id]
-
-    @staticmethod
-    def counted(study: optuna.Study) -> int:
-        """The study's finished trials that count towards `n_trials` (lost ones don't): the
-        runner's storage keeps the count (`OwnedTrials.finished_count`); any other counts."""
-        storage = study._storage
-        if isinstance(storage, OwnedTrials) and storage.uncounted == TrialAttr.LOST:
-            return storage.finished_count(study._study_id, COUNTED)
-        return sum(
-            1
-            for t in study.get_trials(deepcopy=False, states=COUNTED)
-            if not t.user_attrs.get(TrialAttr.LOST)
+        self.jobs = ActiveJobs(settings, self.Session, self.storage, cluster)
+        self.flights = Flights()
+        self.runs = RunRows(self.Session)
+        self.outcomes = Outcomes(
+            settings,
+            self.Session,
+            self.backend,
+            self.flights,
+            self.runs,
+            self._event,
+            self._fail_job,
         )
+        self.starts = Starts(self.outcomes, self.runs, self.flights, self._event, self._job_error)
+
+    def active(self, job: Job) -> ActiveJob:
+        """The job as this runner drives it (`ActiveJobs.load`)."""
+        return self.jobs.load(job)
 
     # -- recovery ------------------------------------------------------------------------
     def recover(self) -> int:
@@ -193,7 +158,7 @@ class Runner(TrialOutcomes):
         left = []
         for job in jobs_to_recover(self.Session, self.cluster):
             try:
-                study = self._job(job).study
+                study = self.active(job).study
             except JobBroken:
                 study = optuna.load_study(study_name=job.study_name, storage=self.storage)
             left.append((job, study))
@@ -239,17 +204,17 @@ class Runner(TrialOutcomes):
                     if self.lease.renew_due():
                         self.lease.renew()
                     self._drain_backlog()
-                    busy = self._schedule()
+                    busy = self.step()
                     if not busy and not self.flights and until_idle:
                         return
                     if self.flights:
-                        self._poll(poll_s)
+                        self.poll(poll_s)
                     else:
                         time.sleep(poll_s)
                     outage = 0
                 except LeaseLost:
                     log.error("cluster %s: lease taken by another runner; stopping", self.cluster)
-                    self._abandon_flights()
+                    self.abandon()
                     raise
                 except Exception as exc:
                     if not is_database_outage(exc):
@@ -314,177 +279,81 @@ class Runner(TrialOutcomes):
     def _orphaned(self) -> bool:
         return self.parent is not None and os.getppid() != self.parent
 
-    def _job_list(self) -> tuple[list[Job], set[str]]:
-        """This cluster's active jobs and every cancelled job's id, read at most every
-        `JOB_LIST_REFRESH_S` (and after the runner changed a job's status: `_relist`)."""
-        now = time.monotonic()
-        if self._listed is None or now - self._listed_at >= JOB_LIST_REFRESH_S:
-            with self.Session() as s:
-                jobs = active_jobs(s, self.cluster)
-                cancelled = set(s.scalars(select(Job.id).where(Job.status == JobStatus.CANCELLED)))
-            self._listed, self._listed_at = (jobs, cancelled), now
-        return self._listed
-
-    def _relist(self) -> None:
-        self._listed = None
-
-    def _schedule(self) -> bool:
-        """Start trials where there is room; finish and cancel jobs. True while jobs remain."""
-        jobs, cancelled_ids = self._job_list()
-        waiting = {j for j, a in self.jobs.items() if a.spec.fidelity is not None}
-        flying = {f.job_id for f in self.flights} | {f.job_id for _, f in self.parked}
-        cancelled = cancelled_ids & (flying | waiting)
+    def step(self) -> bool:
+        """One pass of the loop: start trials where there is room; finish and cancel jobs.
+        True while jobs remain."""
+        jobs, cancelled_ids = self.jobs.listed()
+        waiting = {j for j, a in self.jobs.loaded.items() if a.scheduler.pauses}
+        cancelled = cancelled_ids & (self.flights.jobs() | waiting)
         for job_id in cancelled:
-            self._cancel_flights(job_id, TrialOutcome.CANCELLED, "job cancelled")
+            self._cancel(job_id, TrialOutcome.CANCELLED, "job cancelled")
         for job in jobs:
             try:
-                self._schedule_job(job)
+                self._step_job(job)
             except Exception as exc:
                 if is_database_outage(exc) or isinstance(exc, LeaseLost):
                     raise
                 self._job_error(job.id, exc, fatal=isinstance(exc, JobBroken))
-        self._record_asked()
+        self.outcomes.record_asked()
         return bool(jobs)
 
-    def _schedule_job(self, job: Job) -> None:
-        active = self._job(job)
-        spec, study = active.spec, active.study
+    def _step_job(self, job: Job) -> None:
+        active = self.active(job)
+        spec, study, scheduler = active.spec, active.study, active.scheduler
         if job.status == JobStatus.PENDING:
             self._check_resources(spec)
-            with self.Session.begin() as s:
-                row = s.get(Job, job.id)
-                assert row is not None
-                row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
-                started = f"on cluster {self.cluster}"
-                if spec.fidelity is not None:
-                    started += f"; {describe_fidelity(spec)}"
-                row.events.append(JobEvent(kind=EventKind.STARTED, message=started))
-            self._relist()
-        if self._relaunch_parked(job.id):
-            return  # paused: the artifact store failed one of its runs (`_store_fault`)
-        done = self.counted(study)
-        mine = [f for f in self.flights if f.job_id == job.id]
-        ladder = self._ladder(active, mine)
-        waiting = len(ladder.waiting) if ladder is not None else 0
+            self.jobs.started(job.id, f"on cluster {self.cluster}{scheduler.start_note()}")
+        if self.outcomes.parking.relaunch(job.id):
+            return  # paused: the artifact store failed one of its runs (`runner.parking`)
+        done = counted(study)
+        mine = self.flights.of(job.id)
+        scheduler.observe(study, {f.trial.number for f in mine})
         while len(mine) < spec.max_concurrent:
             if self.errors[job.id] >= self.settings.max_job_errors:
                 return
-            promotion = ladder.next_promotion(n_rungs(spec) - 1) if ladder is not None else None
-            if ladder is not None and promotion is not None:
-                ladder.promote(promotion)
-                waiting -= 1
-                flight = self._promote(job.id, active, promotion)
-                if flight is None:
-                    done += 1
-                else:
-                    mine.append(flight)
-                continue
-            if done + len(mine) + waiting >= spec.n_trials:
+            slot = scheduler.next_slot(done, len(mine))
+            if slot is None:
                 break
-            flight = self._ask(job.id, active)
+            if isinstance(slot, Resume):
+                flight = self.starts.resume(job.id, active, slot.waiting)
+            else:
+                flight = self.starts.ask(job.id, active)
             if flight is None:
                 done += 1
             else:
                 mine.append(flight)
-        if ladder is not None and ladder.waiting:
-            done += self._stop_waiting(job.id, active, ladder, left=not mine)
-            waiting = len(ladder.waiting)
-        if done >= spec.n_trials and not mine and not waiting:
-            with self.Session.begin() as s:
-                row = s.get(Job, job.id)
-                assert row is not None
-                row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
-                row.events.append(JobEvent(kind=EventKind.COMPLETED, message=f"{done} trials"))
-            self._relist()
-            self.jobs.pop(job.id, None)
-            if spec.fidelity is not None:
-                self.forget_checkpoints(job.id)
+        done += self._stop_waiting(job.id, active, idle=not mine)
+        if done >= spec.n_trials and not mine and not scheduler.waiting:
+            self.jobs.completed(job.id, done)
+            if scheduler.pauses:
+                self.outcomes.forget_checkpoints(job.id)
 
-    # -- multi-fidelity (nas_service.search.rungs) ----------------------------------------------
-    def _ladder(self, active: ActiveJob, mine: list[Flight]) -> Ladder | None:
-        """The job's rungs as its trials record them (None without fidelity)."""
-        if active.spec.fidelity is None:
-            return None
-        trials = active.study.get_trials(deepcopy=False)
-        return Ladder.of(active.spec, trials, {f.trial.number for f in mine})
+    def ask(self, job_id: str, active: ActiveJob) -> Flight | None:
+        """Start a new candidate of the job (`Starts.ask`)."""
+        return self.starts.ask(job_id, active)
 
-    def _promote(self, job_id: str, active: ActiveJob, w: Waiting) -> Flight | None:
-        """Train the next rung of a waiting trial: its record marked promoted, then its
-        run row, then the run launched from the checkpoints of the rung it reached."""
-        spec, study = active.spec, active.study
-        trial = optuna.Trial(study, w.trial._trial_id)
-        number = w.trial.number
-        try:
-            recs = records(w.trial)
-            recs[-1] = recs[-1] | {"promoted": True}
-            promoted = TrialRecord(rungs=recs, nulls=frozenset({TrialAttr.WAITING}))
-            set_user_attrs(study, trial, promoted.to_attrs())
-            params = dict(w.trial.params)
-            priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
-            if priced.train_spec is None:
-                raise RuntimeError(f"the candidate is no longer trainable: {priced.reason}")
-            settings = tune_settings(spec, params)
-            earlier = list(w.trial.user_attrs.get(TrialAttr.TRAIN, []))
-            run_id = self._new_run(job_id, number, params, attempt=1)
-            flight = Flight(
-                job_id,
-                spec,
-                study,
-                trial,
-                priced,
-                run_id,
-                settings=settings,
-                rung=w.rung + 1,
-                first=w.first,
-                earlier=earlier,
-                records=recs,
-                given_up=set(recs[-1].get("given_up", [])),
-            )
-            following = flight.next_index() if flight.setting in flight.given_up else 0
-            if following is None:
-                raise RuntimeError("every setting was given up at the rung before")
-            flight.index = following
-            self._launch(flight)
-        except Exception as exc:
-            if is_database_outage(exc):
-                raise
-            reason = f"the runner could not promote this trial: {describe(exc)}"
-            self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
-            self.forget_checkpoints(job_id, number)
-            self._event(job_id, EventKind.TRIAL_FAILED, f"trial {number}: {reason}")
-            self._job_error(job_id, exc)
-            return None
-        self.flights.append(flight)
-        return flight
-
-    def _cancel_flights(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
-        """Every trial of the job in flight, and (multi-fidelity) every one waiting, told
-        `outcome`; the job's checkpoints deleted."""
-        super()._cancel_flights(job_id, outcome, reason)
+    def _cancel(self, job_id: str, outcome: TrialOutcome, reason: str) -> None:
+        """Every trial of the job in flight or parked, and every one waiting at a rung, told
+        `outcome`; a job whose trials wait between rungs loses its checkpoints."""
+        self.outcomes.cancel(job_id, outcome, reason)
         active = self.jobs.get(job_id)
-        if active is None or active.spec.fidelity is None:
+        if active is None or not active.scheduler.pauses:
             return
-        ladder = self._ladder(active, [])
-        assert ladder is not None
-        for w in ladder.waiting:
+        active.scheduler.observe(active.study, set())
+        for w in list(active.scheduler.waiting):
             conclude(active.study, w.trial, outcome, reason, TrialState.FAIL)
-            self._touch_run(job_id, w.trial.number, reason, RunState.FAILED)
-        self.forget_checkpoints(job_id)
-        self.jobs.pop(job_id, None)
+            self.runs.touch(job_id, w.trial.number, reason, RunState.FAILED)
+        self.outcomes.forget_checkpoints(job_id)
+        self.jobs.forget(job_id)
 
-    def _stop_waiting(self, job_id: str, active: ActiveJob, ladder: Ladder, left: bool) -> int:
-        """Tell pruned the waiting trials that can never be promoted, and, when the job has
-        nothing in flight and nothing left to ask (`left`), every one still waiting: no
-        result can arrive that would promote it. Returns how many were told."""
-        spec = active.spec
-        stop = ladder.hopeless(spec.n_trials)
-        if left and not stop and ladder.next_promotion(n_rungs(spec) - 1) is None:
-            stop = [(w, leftover_reason(w, ladder)) for w in ladder.waiting]
+    def _stop_waiting(self, job_id: str, active: ActiveJob, idle: bool) -> int:
+        """Tell pruned the waiting trials the scheduler gives up (`Scheduler.settle`;
+        `idle`: the job has nothing in flight). Returns how many were told."""
+        stop = active.scheduler.settle(idle)
         for w, reason in stop:
             conclude(active.study, w.trial, TrialOutcome.PRUNED, reason, TrialState.PRUNED)
-            self._touch_run(job_id, w.trial.number, reason)
-            self.forget_checkpoints(job_id, w.trial.number)
-            ladder.waiting.remove(w)
+            self.runs.touch(job_id, w.trial.number, reason)
+            self.outcomes.forget_checkpoints(job_id, w.trial.number)
         return len(stop)
 
     def _check_resources(self, spec: JobSpec) -> None:
@@ -510,58 +379,12 @@ class Runner(TrialOutcomes):
             return
         if not fatal:
             reason = f"{self.errors[job_id]} errors while running its trials; the last: {reason}"
-        self._cancel_flights(job_id, TrialOutcome.FAILED, "job failed")
-        with self.Session.begin() as s:
-            row = s.get(Job, job_id)
-            if row is not None and row.status.active:
-                row.status, row.error = JobStatus.FAILED, reason
-                row.finished_at = dt.datetime.now(dt.UTC)
-                row.events.append(JobEvent(kind=EventKind.FAILED, message=reason))
-        self._relist()
-        self.jobs.pop(job_id, None)
+        self._cancel(job_id, TrialOutcome.FAILED, "job failed")
+        self.jobs.failed(job_id, reason)
 
-    def _ask(self, job_id: str, active: ActiveJob) -> Flight | None:
-        """Ask the study for a trial, price it, and launch it (or tell why not). Its
-        attributes and run row (with its number and parameters) are written with those of
-        every trial asked in the same pass, at its end (`_record_asked`): a runner that dies
-        before leaves a trial RUNNING, which the next runner's recovery re-enqueues as any
-        other (`nas_service.runner.recovery`); a candidate never trained (infeasible, over a
-        constraint) has no run row."""
-        spec, study = active.spec, active.study
-        trial = study.ask()
-        try:
-            params = suggest(trial, spec)
-            priced = price_candidate(spec, params, corpus=active.corpus, layouts=active.layouts)
-            attrs = TrialRecord(arch=priced.arch_dict, costs=priced.metrics).to_attrs()
-            if priced.outcome != "train":  # infeasible or over a constraint: never trained
-                set_user_attrs(study, trial, attrs)
-                outcome = TrialOutcome(priced.outcome)
-                self._tell(study, trial, outcome, priced.reason, TrialState.PRUNED)
-                return None
-            settings = tune_settings(spec, params)
-            first = first_rung(spec, trial.number)  # its Hyperband bracket's (0 without)
-            flight = Flight(
-                job_id, spec, study, trial, priced, -1, settings, rung=first, first=first
-            )
-            self._launch(flight)
-            # its attributes and run row written at the end of the pass (`_record_asked`)
-            self._unrecorded.append((flight, attrs))
-        except Exception as exc:
-            if is_database_outage(exc):
-                raise
-            reason = f"the runner could not start this trial: {describe(exc)}"
-            self._tell(study, trial, TrialOutcome.FAILED, reason, TrialState.FAIL)
-            # the failure shows in the job's runs too
-            run_id = self._new_run(job_id, trial.number, dict(trial.params), attempt=1)
-            self._close_run(run_id, RunState.FAILED, reason)
-            self._event(job_id, EventKind.TRIAL_FAILED, f"trial {trial.number}: {reason}")
-            self._job_error(job_id, exc)
-            return None
-        self.flights.append(flight)
-        return flight
-
-    def _poll(self, timeout_s: float) -> None:
-        self._record_asked()
+    def poll(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for what the trials in flight send back, and act on it."""
+        self.outcomes.record_asked()
         ready = self.backend.wait([f.gen for f in self.flights], timeout_s)
         ready_ids = {id(g) for g in ready}
         for flight in [f for f in self.flights if id(f.gen) in ready_ids]:
@@ -571,19 +394,19 @@ class Runner(TrialOutcomes):
         """Act on what came back for `flight`; a database outage keeps it for later."""
         try:
             if isinstance(item, EvalPoint):
-                self._on_point(flight, item)
+                self.outcomes.on_point(flight, item)
             elif isinstance(item, TrainResult):
-                self._on_result(flight, item)
+                self.outcomes.on_result(flight, item)
             else:
-                self._lost_worker(flight, item)
+                self.outcomes.lost_worker(flight, item)
         except Exception as exc:
             if is_database_outage(exc):
                 self.backlog.append((flight, item))
                 raise
             reason = f"the runner could not record this trial: {describe(exc)}"
             log.warning("job %s trial %d: %s", flight.job_id, flight.trial.number, reason)
-            self._stop_task(flight)
-            self._fail(flight, reason)
+            self.outcomes.stop_task(flight)
+            self.outcomes.fail(flight, reason)
             self._job_error(flight.job_id, exc)
 
     def _drain_backlog(self) -> None:
@@ -591,6 +414,11 @@ class Runner(TrialOutcomes):
             flight, item = self.backlog.pop(0)
             if flight in self.flights:
                 self._conclude(flight, item)
+
+    def abandon(self) -> None:
+        """Stop every trial in flight without telling anything, as a runner that lost its
+        lease (the lease holder recovers them)."""
+        self.outcomes.abandon()
 
 
 def main(argv: list[str] | None = None) -> int:

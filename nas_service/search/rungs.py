@@ -1,7 +1,7 @@
 """A trial's rungs in a multi-fidelity job (`JobSpec.fidelity`): the run of each rung, the
 record a trial keeps of each rung it trained, and the trials waiting for promotion. The
-rules themselves (brackets, promotion order, ⌊n/η⌋) are `nas_service.search.fidelity`'s; the runner
-(`nas_service.runner.loop`, `nas_service.runner.outcomes`) applies them.
+rules themselves (brackets, promotion order, ⌊n/η⌋) are `nas_service.search.fidelity`'s; the
+successive-halving scheduler (`nas_service.search.scheduler`) applies them for the runner.
 
 A trial of bracket b trains rung b, then waits: its record of the rung (`TrialAttr.RUNGS`) holds
 the rung's loss (the best setting's mean over seeds, as a finished trial's) and its
@@ -46,26 +46,14 @@ from nas_service.search.fidelity import (
     rung_steps,
     settled_position,
 )
-from nas_service.spec import JobSpec
+from nas_service.spec import Fidelity
 from nas_service.store.records import RungRecord, TrialAttr, rung_records
 from workers.contract import TrainSpec
 
 
-def n_rungs(spec: JobSpec) -> int:
-    return len(spec.fidelity.rungs) if spec.fidelity is not None else 1
-
-
-def first_rung(spec: JobSpec, number: int) -> int:
-    """The rung a new trial starts at: its Hyperband bracket (0 without fidelity)."""
-    return bracket_of(number, spec.fidelity) if spec.fidelity is not None else 0
-
-
-def describe_fidelity(spec: JobSpec) -> str:
+def describe_fidelity(fidelity: Fidelity) -> str:
     """The job's rungs in words (its start event says so): the fractions, η, the brackets,
     and how a promotion reuses the work before it."""
-    fidelity = spec.fidelity
-    if fidelity is None:
-        return "no rungs: every candidate trains its whole budget"
     rungs = ", ".join(f"{float(f):.0%}" for f in fidelity.rungs)
     text = f"rungs at {rungs} of each budget, the best 1/{float(fidelity.reduction):g} go on"
     if fidelity.brackets > 1:
@@ -109,7 +97,7 @@ def trial_prefix(job_id: str, number: int) -> str:
 
 def rung_spec(
     base: TrainSpec,
-    spec: JobSpec,
+    fidelity: Fidelity,
     rung: int,
     first: int,
     key: Any,
@@ -117,11 +105,7 @@ def rung_spec(
     max_checkpoint_bytes: int = 1 << 30,
 ) -> TrainSpec:
     """The run of rung `rung` (a trial that started at rung `first`) of the candidate's
-    `base` run (its setting and seed applied); `key(rung)` names a checkpoint of this run.
-    Without fidelity: `base`."""
-    fidelity = spec.fidelity
-    if fidelity is None:
-        return base
+    `base` run (its setting and seed applied); `key(rung)` names a checkpoint of this run."""
     fractions = [float(f) for f in fidelity.rungs]
     if fidelity.reuse == "retrain":
         f = fractions[rung]
@@ -181,7 +165,7 @@ class Ladder:
     reduction: float
 
     @classmethod
-    def of(cls, spec: JobSpec, trials: list[FrozenTrial], in_flight: set[int]) -> Ladder:
+    def of(cls, fidelity: Fidelity, trials: list[FrozenTrial], in_flight: set[int]) -> Ladder:
         results: dict[tuple[int, int], list[Result]] = {}
         promoted: dict[tuple[int, int], set[int]] = {}
         waiting: list[Waiting] = []
@@ -200,8 +184,7 @@ class Ladder:
                 last = recs[-1]
                 if int(last.get("rung", -1)) == at and not last.get("promoted"):
                     waiting.append(Waiting(t, at, first, _result(t, last)))
-        reduction = float(spec.fidelity.reduction) if spec.fidelity is not None else 3.0
-        return cls(results, promoted, waiting, reduction)
+        return cls(results, promoted, waiting, float(fidelity.reduction))
 
     def promote(self, w: Waiting) -> None:
         """Record that `w` goes on (it no longer waits)."""
@@ -253,16 +236,13 @@ def leftover_reason(w: Waiting, state: Ladder) -> str:
     return _not_promoted(w, state.results.get((w.first, w.rung), []), state.reduction)
 
 
-def expected_compute(spec: JobSpec) -> float:
-    """The mean compute of one candidate in units of its straight run (1 without fidelity),
-    if every rung promotes exactly its 1/η: over Hyperband's bracket shares
-    (`fidelity.bracket_sizes`), a candidate of bracket b reaches rung k ≥ b with probability
-    η^−(k−b) and then trains the rung's share: f_k − f_(k−1) of the main line resumed from a
-    checkpoint (f_(b−1) = 0), or f_k from scratch under `reuse: retrain`. The decay branches
-    (a few percent) are not counted."""
-    fidelity = spec.fidelity
-    if fidelity is None:
-        return 1.0
+def expected_compute(fidelity: Fidelity) -> float:
+    """The mean compute of one candidate in units of its straight run, if every rung promotes
+    exactly its 1/η: over Hyperband's bracket shares (`fidelity.bracket_sizes`), a candidate
+    of bracket b reaches rung k ≥ b with probability η^−(k−b) and then trains the rung's
+    share: f_k − f_(k−1) of the main line resumed from a checkpoint (f_(b−1) = 0), or f_k
+    from scratch under `reuse: retrain`. The decay branches (a few percent) are not
+    counted."""
     fractions = [float(f) for f in fidelity.rungs]
     eta = float(fidelity.reduction)
     sizes = bracket_sizes(fidelity.brackets, eta)
@@ -277,14 +257,12 @@ def expected_compute(spec: JobSpec) -> float:
     return total / sum(sizes)
 
 
-def rung_progress(spec: JobSpec, rows: list[Any]) -> list[dict[str, Any]]:
+def rung_progress(fidelity: Fidelity, rows: list[Any]) -> list[dict[str, Any]]:
     """Per rung of a fidelity job: the trials with a result there (`reached`), training it
     now, waiting there for promotion, and promoted from it. `rows`: the job's
     `results.TrialRow`s (not lost)."""
-    if spec.fidelity is None:
-        return []
     out = []
-    for k, f in enumerate(spec.fidelity.rungs):
+    for k, f in enumerate(fidelity.rungs):
         reached = promoted = waiting = training = 0
         for r in rows:
             recs = [x for x in r.rungs if x.get("rung") == k]
@@ -296,7 +274,7 @@ def rung_progress(spec: JobSpec, rows: list[Any]) -> list[dict[str, Any]]:
                 waiting += 1
             elif r.waiting is None:
                 last = max((int(x.get("rung", -1)) for x in r.rungs), default=None)
-                now = last + 1 if last is not None else first_rung(spec, r.number)
+                now = last + 1 if last is not None else bracket_of(r.number, fidelity)
                 training += now == k
         out.append(
             {

@@ -64,6 +64,7 @@ from cost_model.residuals import DEPTH_MIXED
 from cost_model.timing import train_step_time
 from nas_service.search.numbers import finite_or_none
 from nas_service.search.pruning import FractionMedianPruner, fraction_step
+from nas_service.search.scheduler import make_pruner
 from nas_service.spec import (
     CALIBRATED,
     CandidateSpace,
@@ -105,22 +106,6 @@ def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
     if spec.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, multivariate=True)
-
-
-def make_pruner(spec: JobSpec) -> optuna.pruners.BasePruner:
-    """Single objective: `auto` is the median rule at equal fractions of the budget, with a
-    warm-up and a minimum of completed peers (`nas_service.search.pruning.FractionMedianPruner`; the
-    runner reports at `report_step`); `median` is Optuna's `MedianPruner` at raw optimizer
-    steps, the naive rule (a trial meets only trials of its own step count). Multi-objective
-    jobs are pruned by the runner with `cannot_reach_front` (Optuna's pruners refuse several
-    objectives); a `fidelity` job by its rungs."""
-    if spec.multi_objective or spec.fidelity is not None:
-        return optuna.pruners.NopPruner()
-    if spec.pruner == "auto":
-        return FractionMedianPruner()
-    if spec.pruner == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
-    return optuna.pruners.NopPruner()
 
 
 def report_step(spec: JobSpec, step: int, tokens: float, budget_tokens: float) -> int:

@@ -300,3 +300,32 @@ class Lease:
                 )
             )
         self.renewed_at = 0.0
+
+
+def lease_holders(sessions: sessionmaker[Session]) -> dict[str, tuple[bool, str]]:
+    """Every cluster with a lease row, whichever process started its runner: whether a runner
+    drives it now (its lease unexpired and its holder not dead on this host, `holder_dead`)
+    and where that runner stands (`ready`: its Ray answered; `connecting`; `stopped`; or
+    `unknown` for a holder that recorded no life)."""
+    now = time.time()
+    with sessions() as s:
+        leases = list(s.scalars(select(RunnerLease).order_by(RunnerLease.cluster)))
+        lives = {
+            life.holder: life
+            for life in s.scalars(
+                select(RunnerLife)
+                .where(RunnerLife.holder.in_([lease.holder for lease in leases]))
+                .order_by(RunnerLife.id)
+            )
+        }
+    out: dict[str, tuple[bool, str]] = {}
+    for lease in leases:
+        life = lives.get(lease.holder)
+        alive = lease.expires_at >= now and not holder_dead(sessions, lease.holder)
+        if not alive or (life is not None and life.ended_at is not None):
+            out[lease.cluster] = (False, "stopped")
+        elif life is None:
+            out[lease.cluster] = (True, "unknown")
+        else:
+            out[lease.cluster] = (True, "ready" if life.ray_ready_at is not None else "connecting")
+    return out

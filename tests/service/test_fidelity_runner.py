@@ -67,11 +67,11 @@ def _drive(runner: Runner, between: Callable[[], bool] = lambda: False, limit: f
     runner.recover()
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        busy = runner._schedule()
+        busy = runner.step()
         if not busy and not runner.flights:
             return
         if runner.flights:
-            runner._poll(0.2)
+            runner.poll(0.2)
         if between():
             return
     raise TimeoutError("the job did not finish")
@@ -327,14 +327,24 @@ def test_a_runner_stopped_while_a_promoted_trial_trains_resumes_it(
 
     _drive(first, promoted_in_flight)
     lost = {f.trial.number for f in first.flights if f.rung > 0}
+    unstarted = {f.trial.number for f in first.flights if f.rung == 0}  # no rung done yet
     assert lost
-    first._abandon_flights()  # as a runner that dies: nothing told
+    first.abandon()  # as a runner that dies: nothing told
     first.lease.release()
 
     _drive(Runner(settings))  # recovery, then the job to its end
     study = study_of(sqlite_url, job)
     trials = counted(study)
-    assert len(trials) == 9 and len(study.trials) == 9  # resumed, not re-enqueued
+    # a promoted trial is resumed, never re-enqueued; a rung-0 trial in flight with no rung
+    # done is re-enqueued as lost (recovery's rule for any trial with nothing kept), and its
+    # parameters are trained again under a new number
+    requeued = [t for t in study.trials if t.user_attrs.get(TrialAttr.LOST)]
+    assert {t.number for t in requeued} <= unstarted
+    assert not lost & {t.number for t in requeued}
+    assert all(not records(t) for t in requeued)
+    for t in requeued:
+        assert any(u.number > t.number and u.params == t.params for u in trials)
+    assert len(trials) == 9 and len(study.trials) == 9 + len(requeued)
     spec = parse_spec(job.spec)
     for t in trials:
         if t.number in lost:

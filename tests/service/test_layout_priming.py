@@ -141,15 +141,15 @@ def test_the_runner_primes_an_auto_job_and_asks_no_one_candidate_search(
     fixed = submit(Session, settings, JOB | plain | {"n_trials": 4})
     landscape = load_landscape(ROOT / "bench" / "landscapes" / "crossover.json")
     runner = Runner(settings, backend=SimulatedBackend(landscape))
-    active = runner._job(job)
+    active = runner.active(job)
     archs = {c.arch for c in enumerate_candidates(active.spec) if c.arch is not None}
     assert set(active.layouts) == archs
-    assert runner._job(fixed).layouts == {}
+    assert runner.active(fixed).layouts == {}
     # the runner's own asks read the job's answers: no one-candidate search at all
     calls = _count_searches(monkeypatch)
     for _ in range(6):
-        runner._ask(job.id, active)
-    runner._record_asked()  # as at the end of the loop's pass
+        runner.ask(job.id, active)
+    runner.outcomes.record_asked()  # as at the end of the loop's pass
     assert calls == []
     costs = [t.user_attrs.get(TrialAttr.COSTS) for t in active.study.get_trials()]
     assert len(costs) == 6 and any(c and "best_step_time_s" in c for c in costs)

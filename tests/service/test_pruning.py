@@ -35,7 +35,7 @@ from nas_service.search.pruning import (
     fraction_step,
     value_at,
 )
-from nas_service.search.study import make_pruner
+from nas_service.search.scheduler import make_pruner
 from nas_service.spec import parse_spec
 from tests.service.jobkit import counted, setup, study_of
 

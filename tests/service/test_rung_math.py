@@ -14,7 +14,8 @@ import pytest
 
 from cost_model import ArchConfig
 from nas_service.search.fidelity import bracket_of, bracket_sizes, promotion_count, rung_steps
-from nas_service.search.rungs import expected_compute, rung_spec, rung_stops
+from nas_service.search.rungs import rung_stops
+from nas_service.search.scheduler import scheduler_for
 from nas_service.settings import get_settings
 from nas_service.spec import JobSpec, SpecError, check_job, parse_spec
 from tests.service.apikit import error
@@ -39,19 +40,23 @@ def test_expected_compute_of_hand_computed_ladders() -> None:
     whole run, so (9·7/27 + 5·5/9 + 3)/17 = 73/153 ≈ 0.477 and (9·1/3 + 5·2/3 + 3)/17 = 28/51.
     Ignoring the bracket's start rung (η^−k for η^−(k−b)) gives 0.211 for the first."""
     ladder = [1 / 9, 1 / 3, 1.0]
-    assert expected_compute(_job(ladder)) == pytest.approx(7 / 27, rel=1e-12)
-    assert expected_compute(_job(ladder, reuse="retrain")) == pytest.approx(1 / 3, rel=1e-12)
-    assert expected_compute(_job(ladder, brackets=3)) == pytest.approx(73 / 153, rel=1e-12)
-    assert expected_compute(_job(ladder, brackets=3, reuse="retrain")) == pytest.approx(
-        28 / 51, rel=1e-12
+    assert scheduler_for(_job(ladder)).expected_compute() == pytest.approx(7 / 27, rel=1e-12)
+    assert scheduler_for(_job(ladder, reuse="retrain")).expected_compute() == pytest.approx(
+        1 / 3, rel=1e-12
     )
+    assert scheduler_for(_job(ladder, brackets=3)).expected_compute() == pytest.approx(
+        73 / 153, rel=1e-12
+    )
+    assert scheduler_for(
+        _job(ladder, brackets=3, reuse="retrain")
+    ).expected_compute() == pytest.approx(28 / 51, rel=1e-12)
     # two brackets (η = 2: ⌈2/2 · 2⌉ = 2 and ⌈2/1 · 1⌉ = 2 of every 4), rungs 1/4, 1/2, 1:
     # bracket 0 costs 1/4 + (1/4)/2 + (1/2)/4 = 1/2, bracket 1 1/2 + (1/2)/2 = 3/4 → 5/8
-    assert expected_compute(_job([0.25, 0.5, 1.0], eta=2, brackets=2)) == pytest.approx(
-        5 / 8, rel=1e-12
-    )
+    assert scheduler_for(
+        _job([0.25, 0.5, 1.0], eta=2, brackets=2)
+    ).expected_compute() == pytest.approx(5 / 8, rel=1e-12)
     no_fidelity = parse_spec(with_(WSD))
-    assert expected_compute(no_fidelity) == 1.0
+    assert scheduler_for(no_fidelity).expected_compute() == 1.0
 
 
 def _base(total: int, schedule: str = "wsd") -> TrainSpec:
@@ -77,7 +82,7 @@ def _simulated(spec: JobSpec, total: int) -> Fraction:
     spent = Fraction(0)
     for first, n in per_bracket.items():
         for rung in range(first, k):
-            run = rung_spec(base, spec, rung, first, lambda r: f"k{r}", "memory://x")
+            run = scheduler_for(spec).run_of(base, rung, first, lambda r: f"k{r}", "memory://x")
             if fidelity.reuse == "retrain":
                 assert run.budget_tokens is not None and base.budget_tokens is not None
                 share = Fraction(run.budget_tokens, base.budget_tokens)
@@ -109,7 +114,7 @@ def test_expected_compute_matches_a_simulation_of_the_brackets(
     spec = _job(rungs, eta=eta, brackets=brackets, reuse=reuse)
     total = 14_400  # every fraction above lands on a whole step
     simulated = _simulated(spec, total)
-    assert expected_compute(spec) == pytest.approx(float(simulated), rel=1e-6)
+    assert scheduler_for(spec).expected_compute() == pytest.approx(float(simulated), rel=1e-6)
 
 
 # -- rung_stops -------------------------------------------------------------------------------
@@ -175,7 +180,7 @@ def test_every_rung_of_a_short_run_is_a_valid_segment(
     spec = _job(fractions)
     base = _base(total).replace(decay_frac=0.0)
     runs = [
-        rung_spec(base, spec, rung, first, lambda r: f"rung{r}", "memory://x")
+        scheduler_for(spec).run_of(base, rung, first, lambda r: f"rung{r}", "memory://x")
         for rung in range(first, len(fractions))
     ]
     assert runs[0].start_step == 0 and runs[0].checkpoint_in is None

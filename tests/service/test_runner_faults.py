@@ -58,11 +58,11 @@ def _drive(runner: Runner, between: Any = lambda: None, limit: float = 300) -> N
     runner.recover()
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        busy = runner._schedule()
+        busy = runner.step()
         if not busy and not runner.flights:
             return
         if runner.flights:
-            runner._poll(0.2)
+            runner.poll(0.2)
         else:
             time.sleep(0.2)
         between()

@@ -27,7 +27,7 @@ from sqlalchemy.engine import Engine
 
 from nas_service.jobs import submit
 from nas_service.results.landscape import load_landscape
-from nas_service.runner import loop as runner_module
+from nas_service.runner import starts as runner_module  # where a trial is priced
 from nas_service.runner.loop import JOB_LIST_REFRESH_S, Runner
 from nas_service.runner.simulated import SimulatedBackend
 from nas_service.store import TrialRun
@@ -209,15 +209,15 @@ def test_a_refused_batch_still_records_the_other_trials(tmp_path: Path) -> None:
     settings, Session = setup(url, max_concurrent_trials=64)
     job = submit(Session, settings, job_spec())
     runner = Runner(settings, backend=SimulatedBackend(LANDSCAPE, workers=WORKERS))
-    active = runner._job(job)
-    flights = [runner._ask(job.id, active) for _ in range(3)]
-    assert all(f is not None for f in flights) and len(runner._unrecorded) == 3
+    active = runner.active(job)
+    flights = [runner.ask(job.id, active) for _ in range(3)]
+    assert all(f is not None for f in flights) and len(runner.flights.unrecorded) == 3
     finished = flights[1]
     assert finished is not None
     optuna_storage_of = study_of(url, job)._storage
     optuna_storage_of.set_trial_state_values(finished.trial._trial_id, optuna.trial.TrialState.FAIL)
-    runner._record_asked()
-    assert runner._unrecorded == []
+    runner.outcomes.record_asked()
+    assert runner.flights.unrecorded == []
     kept = [f for f in flights if f is not finished]
     assert all(f is not None and f in runner.flights and f.run_id > 0 for f in kept)
     with Session() as s:

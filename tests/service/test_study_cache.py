@@ -12,7 +12,7 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState
 
-from nas_service.runner.loop import COUNTED, Runner
+from nas_service.runner.active import COUNTED, counted
 from nas_service.runner.recovery import _requeue
 from nas_service.store.jobs import optuna_storage
 from nas_service.store.optuna_storage import OwnedTrials
@@ -106,13 +106,13 @@ def test_owned_trials_equal_a_fresh_reader_after_random_writes(db_url: str, seed
             # before the storage's next read of the database
             study.get_trials(deepcopy=False)
             fresh = _fresh(url, "s")
-            assert Runner.counted(study) == _expected_count(fresh)
+            assert counted(study) == _expected_count(fresh)
             assert storage.finished_count(study._study_id, COUNTED) == _expected_count(fresh)
             for states in ((TrialState.WAITING,), (TrialState.RUNNING,), COUNTED, None):
                 mine = study.get_trials(deepcopy=False, states=states)
                 theirs = [t for t in fresh if states is None or t.state in states]
                 assert _summary(mine) == _summary(theirs), states
-    assert Runner.counted(study) == _expected_count(_fresh(url, "s"))
+    assert counted(study) == _expected_count(_fresh(url, "s"))
     assert any(t.user_attrs.get(TrialAttr.LOST) for t in _fresh(url, "s"))
 
 
@@ -171,12 +171,12 @@ def test_a_reopened_cache_counts_what_an_earlier_one_wrote(tmp_path: Path) -> No
     first.enqueue_trial({})
     storage = OwnedTrials(optuna_storage(url), uncounted=TrialAttr.LOST)
     study = optuna.load_study(study_name="s", storage=storage)
-    assert Runner.counted(study) == 4
+    assert counted(study) == 4
     assert [t.number for t in study.get_trials(states=(TrialState.WAITING,))] == [5]
     popped = study.ask()  # the WAITING trial, found in the unfinished set
     assert popped.number == 5
     study.tell(popped, 1.0)
-    assert Runner.counted(study) == 5
+    assert counted(study) == 5
     assert study.get_trials(states=(TrialState.WAITING,)) == []
 
 
@@ -191,7 +191,7 @@ def test_counted_on_optunas_own_storage_is_the_same(tmp_path: Path) -> None:
             study.tell(trial, state=TrialState.FAIL)
         else:
             study.tell(trial, state=TrialState.PRUNED)
-    assert Runner.counted(study) == 3
+    assert counted(study) == 3
 
 
 def _lost_study(url: str, name: str, storage: optuna.storages.BaseStorage) -> optuna.Study:
