@@ -1,9 +1,23 @@
 """Shared test configuration: GPU-marked tests are skipped when no CUDA device is present,
-and every case that needs the PostgreSQL server carries the `postgres` marker."""
+every case that needs the PostgreSQL server carries the `postgres` marker, and the service
+tests' databases and processes: a fresh SQLite file, a fresh PostgreSQL database on the server
+at 127.0.0.1:5432 (created per test, dropped afterwards), a private PostgreSQL server the fault
+tests may stop and restart (`private_pg`), a local Ray, the app in process and `depthscope
+serve` on loopback."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import pytest
+
+from tests.support.postgres import PostgresUnavailable, PrivatePostgres, private_postgres
+
+if TYPE_CHECKING:
+    from fastapi.testclient import TestClient
 
 
 def _cuda_available() -> bool:
@@ -14,7 +28,7 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-#: The fixtures that reach the PostgreSQL server (`tests/service/conftest.py`).
+#: The fixtures that reach the PostgreSQL server (below).
 POSTGRES_FIXTURES = frozenset({"postgres_url", "private_pg"})
 
 
@@ -36,3 +50,134 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in gpu_items:
         item.add_marker(skip)
+
+
+PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'depthscope.db'}"
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    from sqlalchemy import create_engine, text
+
+    name = f"ds_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # the server must be up: this machine kind runs it
+        pytest.fail(f"PostgreSQL at 127.0.0.1:5432 is not reachable: {exc}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """The storage suite runs over both backends (the PostgreSQL cases carry the `postgres`
+    marker: `tests/conftest.py`)."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("postgres_url"))
+    return str(request.getfixturevalue("sqlite_url"))
+
+
+@pytest.fixture(scope="module")
+def private_pg() -> Iterator[PrivatePostgres]:
+    """A PostgreSQL server of this module's own (initdb in a fresh folder, 127.0.0.1 on a
+    free port, trust authentication) with a fresh database at `.url`; `.stop()` (immediate
+    shutdown) and `.start()` (same folder, same port) for fault tests. Removed afterwards."""
+    try:
+        pg = private_postgres()
+    except PostgresUnavailable as exc:
+        pytest.fail(f"cannot run a private PostgreSQL server: {exc}")
+    try:
+        yield pg
+    finally:
+        pg.close()
+
+
+@pytest.fixture(scope="module")
+def ray_local() -> Iterator[None]:
+    """A local Ray of 2 CPUs in this test process, for the module's runner tests (its
+    processes are our descendants: `procs` finds them)."""
+    import os
+
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def client(tmp_path: Path) -> Iterator[TestClient]:
+    """The app in process on a fresh SQLite file (no runner, no Ray)."""
+    from fastapi.testclient import TestClient
+
+    from nas_service.api.app import create_app
+    from nas_service.settings import get_settings
+
+    app = create_app(get_settings(database_url=f"sqlite:///{tmp_path / 'api.db'}", max_trials=50))
+    with TestClient(app) as c:
+        yield c
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[str]:
+    """`depthscope serve` (the API, its runner and a local Ray) on a free port of loopback,
+    over a fresh SQLite file; its whole session stopped afterwards."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.support.api import ROOT, _free_port
+
+    port = _free_port()
+    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
+    log = (tmp_path / "server.log").open("w")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nas_service.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--database-url",
+            f"sqlite:///{tmp_path / 'e2e.db'}",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        else:
+            pytest.fail(
+                "the server did not come up: " + (tmp_path / "server.log").read_text()[-2000:]
+            )
+        yield url
+    finally:
+        from tests.support.procs import terminate_session
+
+        terminate_session(proc, grace=60)  # the server, its runner and their Ray, nothing else

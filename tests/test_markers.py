@@ -27,7 +27,7 @@ def _collected(*args: str) -> list[str]:
 
 @pytest.mark.slow
 def test_not_postgres_deselects_every_postgres_case() -> None:
-    files = ["tests/service/test_db.py", "tests/service/test_submission.py"]
+    files = ["tests/store/test_db.py", "tests/jobs/test_submission.py"]
     everything = _collected(*files)
     kept = _collected("-m", "not postgres", *files)
     only = _collected("-m", "postgres", *files)

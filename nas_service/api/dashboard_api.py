@@ -117,7 +117,7 @@ def parse_spec_text(text: str) -> ParsedSpec:
     return ParsedSpec(spec=None if errors else spec, errors=errors)
 
 
-#: `tests/service/test_api_docs.py` asks every route but /v1/cost to document a 503; these two
+#: `tests/api/test_api_docs.py` asks every route but /v1/cost to document a 503; these two
 #: read no database (the exemption they would share with /v1/cost is the test's to make).
 NO_DATABASE = (401, 503)
 

@@ -1,6 +1,6 @@
 """Fixtures of the browser tests: the real service (`depthscope serve` on a free loopback
 port, its runner and a local Ray, SQLite in a temporary folder, an API token; started in a
-process session of its own and stopped by it, `tests.service.procs`), the system's
+process session of its own and stopped by it, `tests.support.procs`), the system's
 headless Chromium (Debian's `chromium`, driven by Playwright with its own driver: never
 `playwright install`), and a page that records every console error and page error.
 
@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.apikit import ROOT, _free_port
-from tests.service.procs import terminate_session
+from tests.support.api import ROOT, _free_port
+from tests.support.procs import terminate_session
 
 #: Where the tests leave their screenshots and figures (git-ignored).
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"

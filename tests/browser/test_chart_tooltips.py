@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.browser.conftest import Watched, login, start_service
-from tests.service.procs import terminate_session
+from tests.support.procs import terminate_session
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 

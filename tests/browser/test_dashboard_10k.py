@@ -20,8 +20,8 @@ import pytest
 
 from bench import dashboard as bench_dashboard
 from tests.browser.conftest import ARTIFACTS, TOKEN, Service, chromium_path, start_service
-from tests.service.apikit import ROOT
-from tests.service.procs import terminate_session
+from tests.support.api import ROOT
+from tests.support.procs import terminate_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(900)]
 TRIALS = 10_000

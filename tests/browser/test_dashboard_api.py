@@ -16,7 +16,7 @@ from nas_service.api.app import create_app
 from nas_service.settings import get_settings
 from nas_service.spec import parse_spec
 from nas_service.store.jobs import optuna_storage
-from tests.service.apikit import SPEC, _synthetic, error
+from tests.support.api import SPEC, _synthetic, error
 
 TOKEN = "dash-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -25,9 +25,9 @@ import yaml
 
 from bench import dashboard as bench_dashboard
 from tests.browser.conftest import TOKEN, Service, Watched, login, start_service
-from tests.service.apikit import _free_port
-from tests.service.jobkit import TINY
-from tests.service.procs import kill_session, terminate_session
+from tests.support.api import _free_port
+from tests.support.jobs import TINY
+from tests.support.procs import kill_session, terminate_session
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser, pytest.mark.slow, pytest.mark.timeout(400)]
 

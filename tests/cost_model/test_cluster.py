@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from cost_model import ArchConfig, LayoutSpace, Workload, get_hardware, price, search_layout
 from nas_service.search.study import price_candidate
 from nas_service.spec import SpecError, parse_spec
-from tests.service.apikit import error
+from tests.support.api import error
 
 CLUSTER = {
     "devices_per_node": 4,
