@@ -17,7 +17,7 @@ the pricing paths.
 
 With `--job N`, a job-shaped measurement: a `cost.layout: auto` job of N candidates (four
 variants, Block AttnRes at S = 2 and 4; depths 1-50, widths multiples of 64, seq_len 2048)
-primed as the runner primes it (`nas_service.search.study.prime_layouts`: enumerated, searched
+primed as the runner primes it (`nas_service.search.pricing.prime_layouts`: enumerated, searched
 with `best_layouts`, priced per chosen layout), against the one-candidate path
 (`price_candidate` unprimed, `--scalar-subset` candidates, extrapolated), whose answers must
 be equal first. `--job-only` skips everything else.
@@ -188,7 +188,7 @@ def job_spec(args: argparse.Namespace) -> dict[str, Any]:
 
 def job_priming(args: argparse.Namespace) -> dict[str, Any]:
     """A job's space primed in one pass against the one-candidate path; prints a line."""
-    from nas_service.search.study import price_candidate, prime_layouts
+    from nas_service.search.pricing import price_candidate, prime_layouts
     from nas_service.spec import CandidateSpace, enumerate_candidates, parse_spec
 
     data = job_spec(args)

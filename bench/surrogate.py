@@ -19,7 +19,7 @@ generated run carries a curve: the variant's mean recorded curve shape (loss ove
 at each fraction of the run), scaled to the run's final loss, so rungs read a loss part-way.
 The architecture, the cost metrics and the step count of each point are what the service
 itself computes for the generated spec (`nas_service.spec.enumerate_candidates`,
-`nas_service.search.study.price_candidate`), so a replayed run is answered exactly.
+`nas_service.search.pricing.price_candidate`), so a replayed run is answered exactly.
 
 Checked against the recorded runs: the RMSE of a k-fold cross-validation (each recorded
 point predicted by a model fitted without it) beside σ and the fit's own residual; a model
@@ -217,7 +217,7 @@ def generate(
     """The surrogate landscape (a `depthscope-landscape` document): the template's job spec
     over `depths`, lr `lrs` as a study axis and `depth_lr_mult` `dlms` tuned per trial, one
     trial per architecture holding every setting × `seeds` runs."""
-    from nas_service.search.study import price_candidate
+    from nas_service.search.pricing import price_candidate
     from nas_service.spec import enumerate_candidates, parse_spec
     from nas_service.spec.space import CandidateSpace
 

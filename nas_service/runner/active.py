@@ -14,8 +14,9 @@ from optuna.trial import TrialState
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from nas_service.search.pricing import Layouts, prime_layouts
 from nas_service.search.scheduler import Scheduler, scheduler_for
-from nas_service.search.study import Layouts, load_study, prime_layouts
+from nas_service.search.study import load_study
 from nas_service.settings import Settings
 from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus
 from nas_service.store import EventKind, Job, JobEvent, JobStatus

@@ -14,8 +14,9 @@ from typing import Any
 
 import optuna
 
+from nas_service.search.pricing import Priced
 from nas_service.search.scheduler import Scheduler
-from nas_service.search.study import Priced, curve_rows, train_summary
+from nas_service.search.study import curve_rows, train_summary
 from nas_service.spec import JobSpec
 from nas_service.store.records import RungRecord, SettingRecord, TrainRun
 from workers.contract import EvalPoint, TrainResult

@@ -15,12 +15,9 @@ from nas_service.runner.failures import describe, is_database_outage
 from nas_service.runner.flights import Flight, Flights
 from nas_service.runner.outcomes import Outcomes
 from nas_service.runner.runs import RunRows
+from nas_service.search.pricing import price_candidate
 from nas_service.search.rungs import Waiting, records
-from nas_service.search.study import (
-    price_candidate,
-    suggest,
-    tune_settings,
-)
+from nas_service.search.study import suggest, tune_settings
 from nas_service.store import EventKind, RunState, TrialOutcome
 from nas_service.store.optuna_storage import set_user_attrs
 from nas_service.store.records import TrialAttr, TrialRecord

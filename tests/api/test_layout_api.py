@@ -18,7 +18,8 @@ from cost_model import (
     price,
     search_layout,
 )
-from nas_service.search.study import objective_values, price_candidate
+from nas_service.search.pricing import price_candidate
+from nas_service.search.study import objective_values
 from nas_service.spec import SpecError, parse_spec
 from tests.support.api import error
 

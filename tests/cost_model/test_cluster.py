@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cost_model import ArchConfig, LayoutSpace, Workload, get_hardware, price, search_layout
-from nas_service.search.study import price_candidate
+from nas_service.search.pricing import price_candidate
 from nas_service.spec import SpecError, parse_spec
 from tests.support.api import error
 

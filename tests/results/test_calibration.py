@@ -276,7 +276,7 @@ def test_a_job_naming_the_calibrated_metric_takes_its_clusters_fit_at_submission
 ) -> None:
     """The fit of the cluster's measured trials on the job's hardware is stored with the job,
     and every candidate is priced by it: a·compute_s + b·memory_s + c of its own step."""
-    from nas_service.search.study import price_candidate
+    from nas_service.search.pricing import price_candidate
     from nas_service.spec import parse_spec
 
     url, _ = trained

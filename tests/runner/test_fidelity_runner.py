@@ -26,8 +26,8 @@ from nas_service.api.app import create_app
 from nas_service.jobs import submit
 from nas_service.runner.loop import Runner
 from nas_service.search.fidelity import Result, bracket_of, promotion_order
+from nas_service.search.pricing import price_candidate
 from nas_service.search.rungs import records
-from nas_service.search.study import price_candidate
 from nas_service.spec import JobSpec, parse_spec
 from nas_service.store import Job, JobEvent
 from nas_service.store.records import TrialAttr

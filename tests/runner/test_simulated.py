@@ -22,7 +22,7 @@ from nas_service.jobs import submit
 from nas_service.results.landscape import load_landscape
 from nas_service.runner.loop import Runner
 from nas_service.runner.simulated import SimulatedBackend, SimulatedLookupError, SimulatedWorkerLost
-from nas_service.search.study import price_candidate
+from nas_service.search.pricing import price_candidate
 from nas_service.store import TrialRun
 from tests.support.jobs import counted, setup, study_of
 from workers.contract import EvalPoint, TrainResult, TrainSpec

@@ -15,8 +15,8 @@ from nas_service.jobs import submit
 from nas_service.results.landscape import load_landscape
 from nas_service.runner.loop import Runner
 from nas_service.runner.simulated import SimulatedBackend
-from nas_service.search import study as search
-from nas_service.search.study import Priced, price_candidate, prime_layouts
+from nas_service.search import pricing as search
+from nas_service.search.pricing import Priced, price_candidate, prime_layouts
 from nas_service.spec import CALIBRATED, CandidateSpace, JobSpec, enumerate_candidates, parse_spec
 from nas_service.store.records import TrialAttr
 from tests.support.jobs import setup

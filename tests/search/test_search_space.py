@@ -10,7 +10,8 @@ from typing import Any
 import optuna
 import pytest
 
-from nas_service.search.study import grid_space, make_sampler, price_candidate, suggest
+from nas_service.search.pricing import price_candidate
+from nas_service.search.study import grid_space, make_sampler, suggest
 from nas_service.spec import (
     CandidateSpace,
     Training,

@@ -17,7 +17,7 @@ from cost_model import ArchConfig, param_count, tokens_for_budget
 from nas_service.jobs import submit
 from nas_service.results.decode import _row
 from nas_service.runner.loop import Runner
-from nas_service.search.study import price_candidate
+from nas_service.search.pricing import price_candidate
 from nas_service.spec import SpecError, parse_spec
 from nas_service.spec.candidates import build_candidate
 from tests.support.jobs import TINY, counted, setup, study_of

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nas_service.search.study import price_candidate
+from nas_service.search.pricing import price_candidate
 from nas_service.settings import get_settings
 from nas_service.spec import CorpusLocation, locate_corpus, parse_spec
 from tests.support.hostile import with_

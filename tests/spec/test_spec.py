@@ -230,7 +230,8 @@ def test_every_example_spec_is_valid(path: Path) -> None:
 
 
 def test_several_budgets_become_a_searched_axis() -> None:
-    from nas_service.search.study import grid_space, price_candidate
+    from nas_service.search.pricing import price_candidate
+    from nas_service.search.study import grid_space
 
     spec = parse_spec(GOOD | {"budget": {"flops": [1e12, 4e12]}})
     assert grid_space(spec)["budget"] == [1e12, 4e12]
@@ -268,7 +269,7 @@ def test_retrain_needs_no_wsd_and_no_checkpoint_in_the_stable_phase() -> None:
 
 
 def test_decay_frac_reaches_the_train_spec() -> None:
-    from nas_service.search.study import price_candidate
+    from nas_service.search.pricing import price_candidate
 
     data = with_("training.schedule", "wsd")
     data["training"]["decay_frac"] = 0.35

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 import optuna
 import pytest
 
-import nas_service.search.study as search
+import nas_service.search.pricing as search
 from cost_model import VARIANTS, ArchConfig, get_hardware, param_count, price
 from cost_model.residuals import DEPTH_MIXED, RESIDUALS
+from nas_service.search.pricing import price_candidate
 from nas_service.search.study import (
     TRAINING_AXES,
     grid_space,
     make_sampler,
-    price_candidate,
     runs_per_trial,
     suggest,
     training_setting,
