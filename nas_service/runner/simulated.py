@@ -59,10 +59,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from cost_model import ArchConfig
 from cost_model.flops import training_flops_per_token
-from cost_model.residuals import DEPTH_MIXED
-from nas_service.store.records import LandscapeRead, TrainRunRead, TrialRead
+from nas_service.runner.recorded import SimulatedLookupError as SimulatedLookupError
+from nas_service.runner.recorded import (
+    curve_of,
+    interp,
+    nearest,
+    nearest_setting,
+    record,
+    trainable,
+)
+from nas_service.store.records import LandscapeRead
 from workers.contract import EvalPoint, TrainResult, TrainSpec
 
 Item = EvalPoint | TrainResult | BaseException
@@ -70,10 +77,6 @@ Item = EvalPoint | TrainResult | BaseException
 
 class SimulatedWorkerLost(RuntimeError):
     """A simulated worker died under its run (fault injection): the runner retries it."""
-
-
-class SimulatedLookupError(ValueError):
-    """The landscape records nothing a run could be answered from (the run fails)."""
 
 
 @dataclass
@@ -91,37 +94,6 @@ class SimEvent:
     identity: dict[str, Any]
     loss: float | None = None
     full: bool = False
-
-
-@dataclass
-class _Setting:
-    setting: dict[str, float]
-    runs: dict[int, TrainRunRead]  # by seed
-
-
-@dataclass
-class _Curve:
-    """An evaluation curve: L at token fractions x of its run (0 first, at ln vocab), the
-    evaluations' steps as fractions of the run's steps."""
-
-    xs: list[float]
-    losses: list[float]
-    step_fractions: list[float]
-    steps: int
-
-    @property
-    def final(self) -> float:
-        return self.losses[-1]
-
-
-@dataclass
-class _Recorded:
-    """A recorded trial, ready to answer runs."""
-
-    trial: TrialRead
-    arch: ArchConfig
-    settings: list[_Setting]
-    curve: _Curve  # the chosen setting's seed-0 curve
 
 
 @dataclass
@@ -184,7 +156,7 @@ class SimulatedBackend:
         self.overhead_scale = overhead_scale
         self.lose_every = lose_every
         self.cpus_per_worker = cpus_per_worker
-        self._recorded = [_record(t) for t in landscape.trials if _trainable(t)]
+        self._recorded = [record(t) for t in landscape.trials if trainable(t)]
         self.reset()
 
     def reset(self) -> None:
@@ -392,7 +364,7 @@ class SimulatedBackend:
         """The run's items, duration and compute from the nearest recorded point."""
         identity = _identity(spec)
         try:
-            rec, setting = _nearest_setting(self._nearest(spec.arch), spec)
+            rec, setting = nearest_setting(nearest(self._recorded, spec.arch), spec)
         except SimulatedLookupError as exc:
             identity["trial"] = None
             return _Run(number, spec, identity, [(0.0, exc)], 0.0, 0.0, False, None, kind="failed")
@@ -403,7 +375,7 @@ class SimulatedBackend:
         total = spec.planned_steps()
         exact = spec.arch == rec.arch
         fpt = float(training_flops_per_token(spec.arch, causal=True))
-        own = _curve(run.curve, rec.arch)  # a run that kept its own curve: no scaling
+        own = curve_of(run.curve, rec.arch)  # a run that kept its own curve: no scaling
         shape = own or rec.curve
         rec_steps = run.steps or shape.steps
         rec_tokens = run.tokens_seen or rec_steps * spec.tokens_per_step
@@ -430,7 +402,7 @@ class SimulatedBackend:
         def loss_at(x: float) -> float:
             if not diverged and x >= 1.0:
                 return final_s
-            return _interp(x, shape.xs, shape.losses, scale)
+            return interp(x, shape.xs, shape.losses, scale)
 
         steps = sorted(
             {min(total, max(1, round(p * total))) for p in shape.step_fractions} | {total}
@@ -480,109 +452,6 @@ class SimulatedBackend:
         full = not diverged and stop == total and fraction == 1.0
         end_loss = None if diverged else final
         return _Run(number, spec, identity, items, duration, tokens * fpt, full, end_loss)
-
-    def _nearest(self, arch: ArchConfig) -> list[_Recorded]:
-        """The recorded trials of the nearest architecture (several when a joint training
-        axis made one trial per setting)."""
-        same = [
-            r
-            for r in self._recorded
-            if r.arch.variant == arch.variant and r.arch.block_size == arch.block_size
-        ]
-        if not same:
-            block = f" with block size {arch.block_size}" if arch.block_size else ""
-            raise SimulatedLookupError(f"the landscape records no trial of {arch.variant}{block}")
-
-        def distance(r: _Recorded) -> float:
-            return abs(math.log(arch.n_layers / r.arch.n_layers)) + abs(
-                math.log(arch.d_model / r.arch.d_model)
-            )
-
-        nearest = min(same, key=distance).arch
-        return [r for r in same if r.arch == nearest]
-
-
-def _trainable(trial: TrialRead) -> bool:
-    return (
-        bool(trial.arch) and bool(trial.train) and _curve(trial.curve, _arch_of(trial)) is not None
-    )
-
-
-def _arch_of(trial: TrialRead) -> ArchConfig:
-    return ArchConfig(**trial.arch)  # type: ignore[arg-type]
-
-
-def _record(trial: TrialRead) -> _Recorded:
-    arch = _arch_of(trial)
-    chosen = dict(trial.setting)
-    groups: dict[tuple[tuple[str, float], ...], _Setting] = {}
-    for run in trial.train:
-        setting = dict(run.setting or chosen)
-        key = tuple(sorted(setting.items()))
-        groups.setdefault(key, _Setting(setting, {})).runs.setdefault(run.seed or 0, run)
-    curve = _curve(trial.curve, arch)
-    assert curve is not None  # `_trainable`
-    return _Recorded(trial=trial, arch=arch, settings=list(groups.values()), curve=curve)
-
-
-def _curve(rows: list[list[float | None]] | None, arch: ArchConfig) -> _Curve | None:
-    """A recorded curve's rows [step, tokens, flops, val_loss] (None: none kept)."""
-    points = [
-        (float(r[0]), float(r[1]), float(r[3]))
-        for r in rows or []
-        if r[0] is not None and r[1] is not None and r[3] is not None
-    ]
-    if not points or points[-1][1] <= 0:
-        return None
-    last_step, last_tokens = points[-1][0], points[-1][1]
-    return _Curve(
-        xs=[0.0] + [tokens / last_tokens for _, tokens, _ in points],
-        losses=[math.log(arch.vocab_size)] + [loss for _, _, loss in points],
-        step_fractions=[step / last_step for step, _, _ in points],
-        steps=int(last_step),
-    )
-
-
-def _nearest_setting(recs: list[_Recorded], spec: TrainSpec) -> tuple[_Recorded, _Setting]:
-    """The recorded setting nearest to the run's, among every setting of `recs` (one
-    architecture), and the trial that recorded it."""
-    pool = [(r, s) for r in recs for s in r.settings]
-    exact = [
-        (r, s)
-        for r, s in pool
-        if s.setting.get("warmup_frac") == spec.warmup_frac
-        and s.setting.get("weight_decay") == spec.weight_decay
-    ]
-    pool = exact or pool
-    if not pool:
-        raise SimulatedLookupError(f"landscape trial {recs[0].trial.number} records no run")
-    mixed = spec.arch.variant in DEPTH_MIXED
-
-    def distance(pair: tuple[_Recorded, _Setting]) -> float:
-        setting = pair[1].setting
-        d = abs(_log(spec.lr) - _log(setting.get("lr", spec.lr)))
-        if mixed:
-            d += abs(_log(spec.depth_lr_mult) - _log(setting.get("depth_lr_mult", 1.0)))
-        return d
-
-    return min(pool, key=distance)
-
-
-def _log(x: float) -> float:
-    return math.log(max(x, 1e-12))  # depth_lr_mult 0 (frozen mixing) is far from any other
-
-
-def _interp(x: float, xs: list[float], ys: list[float], scale: float) -> float:
-    """The curve at token fraction `x`, linear between its points; the recorded points (not
-    the ln(vocab) start) scaled by `scale`."""
-    x = min(max(x, 0.0), xs[-1])
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            y0 = ys[i - 1] * (scale if i > 1 else 1.0)
-            y1 = ys[i] * scale
-            w = (x - xs[i - 1]) / (xs[i] - xs[i - 1]) if xs[i] > xs[i - 1] else 1.0
-            return y0 + w * (y1 - y0)
-    return ys[-1] * scale
 
 
 def _identity(spec: TrainSpec) -> dict[str, Any]:
