@@ -171,6 +171,8 @@ def test_every_service_module_sits_in_a_layer_and_imports_none_above() -> None:
         "nas_service.search.scheduler",
         "nas_service.runner.supervisor",
         "nas_service.store.records",
+        "nas_service.store.optuna_statements",
+        "nas_service.store.optuna_study",
         "nas_service.spec.model",
         "nas_service.spec.fields",
         "nas_service.spec.search_space",

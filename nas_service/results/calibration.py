@@ -64,7 +64,7 @@ from nas_service.results.reads import (
 from nas_service.results.rows import TrialRow
 from nas_service.store import Job
 from nas_service.store.jobs import stored_spec
-from nas_service.store.optuna_storage import rdb_storage
+from nas_service.store.optuna_study import rdb_storage
 from nas_service.store.records import TrainRun
 
 #: Jobs of a cluster read for the cluster scope, the most recent first.

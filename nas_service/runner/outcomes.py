@@ -66,7 +66,8 @@ from nas_service.search.study import (
 )
 from nas_service.settings import Settings
 from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
-from nas_service.store.optuna_storage import OwnedTrials, set_user_attrs, tell
+from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.optuna_study import set_user_attrs, tell
 from nas_service.store.records import TrainRun, TrialAttr, TrialRecord
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore

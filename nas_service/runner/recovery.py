@@ -67,7 +67,8 @@ from nas_service.store import (
     TrialRun,
 )
 from nas_service.store.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
-from nas_service.store.optuna_storage import OwnedTrials, after_trial, set_user_attrs
+from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.optuna_study import after_trial, set_user_attrs
 from nas_service.store.records import TrialAttr, TrialRecord
 from nas_service.store.trial_tables import studies_with_trials_in
 

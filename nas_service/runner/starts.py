@@ -19,7 +19,7 @@ from nas_service.search.pricing import price_candidate
 from nas_service.search.rungs import Waiting, records
 from nas_service.search.study import suggest, tune_settings
 from nas_service.store import EventKind, RunState, TrialOutcome
-from nas_service.store.optuna_storage import set_user_attrs
+from nas_service.store.optuna_study import set_user_attrs
 from nas_service.store.records import TrialAttr, TrialRecord
 
 

@@ -1,38 +1,33 @@
 """The runner's view of its studies: Optuna's cached storage, without re-reading every
 unfinished trial on every read.
 
-Optuna's `_CachedStorage` keeps finished trials and re-reads every unfinished one (with its
-parameters and attributes) from the database on each `get_all_trials`, because another
-process may have changed it. A runner asks for trials several times per trial it runs
-(`study.ask` pops waiting trials, the loop counts the finished ones, samplers read the
-history), so with N trials in flight each trial would cost O(N) rows read, which caps the
-number of workers one runner can keep busy.
+Optuna's `_CachedStorage` re-reads every unfinished trial (with its parameters and
+attributes) on each `get_all_trials`, because another process may have changed it; a runner
+reads its studies several times per trial, so with N trials in flight each trial would cost
+O(N) rows read.
 
 A runner owns the unfinished trials of the jobs it drives: it holds its cluster's lease
-(`nas_service.store.lease`), and nothing else writes a trial (the API writes jobs, never trials;
-recovery runs in the runner). So `OwnedTrials` writes to the database first (the source of
-truth) and then puts the same write into its cached copy (parameters, attributes,
-intermediate values); it re-reads an unfinished trial only after its state changed (the
-database sets the timestamps) or a write to it failed, plus the trials created since the
-last read: a read costs O(trials changed since), a trial's own writes a constant number.
-Several attributes of one trial go in one transaction (`set_user_attrs`). Use it only in the
-process that holds the lease; every other reader keeps Optuna's storage.
+(`nas_service.store.lease`), and nothing else writes a trial (the API writes jobs, never
+trials; recovery runs in the runner). So `OwnedTrials` writes to the database first (the
+source of truth) and then puts the same write into its cached copy; it re-reads an
+unfinished trial only after its state changed or a write to it failed, plus the trials
+created since the last read: a read costs O(trials changed since). Several attributes of one
+trial go in one transaction (`set_user_attrs`). Use it only in the process that holds the
+lease; every other reader keeps Optuna's storage.
 
-Two reads the runner makes on every pass of its loop would still cost O(trials recorded)
-(the runner's time per trial would grow with the study; `bench/scale.py` measures it):
-counting the finished trials,
-and Optuna's `ask`, which lists the WAITING trials by filtering and sorting every cached
-trial. So the storage keeps, as trials enter its cache, a tally of its finished trials per
-state (a finished trial never changes again; one marked `uncounted` is tallied apart), and
-answers a read of unfinished states from its set of unfinished trials alone.
+Counting the finished trials and Optuna's `ask` (which lists the WAITING trials by filtering
+every cached trial) would still cost O(trials recorded) per pass of the loop, so the storage
+keeps, as trials enter its cache, a tally of its finished trials per state (one marked
+`uncounted` is tallied apart), and answers a read of unfinished states from its set of
+unfinished trials alone. The statements it writes in one transaction are in
+`nas_service.store.optuna_statements`; the study-level helpers in
+`nas_service.store.optuna_study`.
 """
 
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import json
-import sqlite3
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 from typing import Any
@@ -40,27 +35,28 @@ from typing import Any
 import optuna
 from optuna import distributions
 from optuna.distributions import BaseDistribution
-from optuna.pruners import _filter_study
 from optuna.storages import RDBStorage
 from optuna.storages._cached_storage import _CachedStorage, _StudyInfo
 from optuna.storages._rdb import models
 from optuna.storages._rdb.storage import _create_scoped_session
-from optuna.study._tell import _tell_with_warning
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import insert as sql_insert
-from sqlalchemy import select
-from sqlalchemy.dialects import postgresql, sqlite
 
-from nas_service.store.trial_tables import insert_trials, read_trials
+from nas_service.store.optuna_statements import (
+    attrs_upsert,
+    can_upsert,
+    check_unfinished,
+    check_updatable,
+    requeue_statements,
+)
+from nas_service.store.trial_tables import read_trials
 
 
 class OwnedTrials(_CachedStorage):
-    """`_CachedStorage` that keeps its cached copy of an unfinished trial up to date with its
-    own writes (see the module)."""
+    """`_CachedStorage` that keeps its copy of an unfinished trial up to date (the module)."""
 
     def __init__(self, backend: RDBStorage, uncounted: str | None = None) -> None:
-        """`uncounted`: a user attribute that, when truthy on a finished trial, keeps it out
-        of `finished_count` (the runner's lost trials: set before the trial is failed)."""
+        """`uncounted`: a user attribute keeping a finished trial out of `finished_count`."""
         super().__init__(backend)
         self._uncounted = uncounted
         self._written: set[int] = set()  # trial ids written since they were last read
@@ -68,8 +64,7 @@ class OwnedTrials(_CachedStorage):
         self._loaded: set[int] = set()  # studies read in full once
         self._tally: dict[int, Counter[TrialState]] = {}  # per study: finished, by state
         self._tallied: set[int] = set()  # trial ids in a tally (or set apart as uncounted)
-        # per trial: parameters suggested, not written yet (name, internal value, distribution,
-        # the study's distribution of that name when it was suggested)
+        # per trial: suggested, unwritten (name, internal value, distribution, study's then)
         self._pending: dict[int, list[tuple[str, float, BaseDistribution, Any]]] = {}
 
     @property
@@ -177,7 +172,7 @@ class OwnedTrials(_CachedStorage):
             if deferred:
                 assert place is not None
                 study = self._studies[place[0]]
-                _check_updatable(study.trials[place[1]].number, study.trials[place[1]].state)
+                check_updatable(study.trials[place[1]].number, study.trials[place[1]].state)
                 previous = study.param_distribution.get(param_name)
                 if previous is not None:
                     distributions.check_distribution_compatibility(previous, distribution)
@@ -202,12 +197,12 @@ class OwnedTrials(_CachedStorage):
 
     def _write_params(self, session: Any, trial_id: int) -> bool:
         """The trial's pending parameters into `session` (True if there were any), the
-        trial checked unfinished first (`_check_unfinished`)."""
+        trial checked unfinished first (`check_unfinished`)."""
         with self._lock:
             pending = list(self._pending.get(trial_id, ()))
         if pending:
             try:
-                _check_unfinished(session, [trial_id])
+                check_unfinished(session, [trial_id])
             except optuna.exceptions.UpdateFinishedTrialError:
                 # another writer finished it: they can never be written; it is re-read
                 with self._lock:
@@ -318,14 +313,14 @@ class OwnedTrials(_CachedStorage):
         def write() -> None:
             with _create_scoped_session(backend.scoped_session) as session:
                 self._write_params(session, trial_id)  # the suggested parameters first
-                if not _can_upsert(dialect) or len(rows) < 2:
+                if not can_upsert(dialect) or len(rows) < 2:
                     for key, value in attrs.items():
                         backend._set_trial_attr_without_commit(
                             session, models.TrialUserAttributeModel, trial_id, key, value
                         )
                     return
-                _check_unfinished(session, [trial_id])
-                session.execute(_attrs_upsert(dialect, rows))
+                check_unfinished(session, [trial_id])
+                session.execute(attrs_upsert(dialect, rows))
 
         self._write(trial_id, write, _user_attrs=dict(attrs))
         self._written_params(trial_id, params)
@@ -337,7 +332,7 @@ class OwnedTrials(_CachedStorage):
         trials it asked in one pass of its loop so (a thousand at a restart, while the
         workers wait for their trials); elsewhere a trial at a time."""
         backend = self._backend
-        if not _can_upsert(backend.engine.name) or len(items) < 2:
+        if not can_upsert(backend.engine.name) or len(items) < 2:
             for trial_id, attrs in items:
                 self.set_trial_user_attrs(trial_id, attrs)
             return
@@ -351,10 +346,10 @@ class OwnedTrials(_CachedStorage):
             counts = {trial_id: len(self._pending.get(trial_id, ())) for trial_id in ids}
         try:
             with _create_scoped_session(backend.scoped_session) as session:
-                _check_unfinished(session, ids)  # before anything is written
+                check_unfinished(session, ids)  # before anything is written
                 for trial_id in ids:
                     self._write_params(session, trial_id)
-                session.execute(_attrs_upsert(backend.engine.name, rows))
+                session.execute(attrs_upsert(backend.engine.name, rows))
         except BaseException:
             with self._lock:
                 self._written.update(ids)
@@ -375,13 +370,9 @@ class OwnedTrials(_CachedStorage):
         `set_trial_state_values(FAIL)` would one at a time. A lost trial not RUNNING any
         more rolls the whole back (`UpdateFinishedTrialError`): nothing is enqueued without
         its lost trial failed, nor failed without its retry. Returns the new trials' ids.
-
-        Recovery of a killed runner does this for every trial it left running (a thousand
-        on a large cluster): one at a time, 16 statements in about 9 transactions each,
-        while every worker waits."""
+        Recovery of a killed runner does this for every trial it left running, while every
+        worker waits (`requeue_statements`)."""
         backend = self._backend
-        model = models.TrialUserAttributeModel
-        trials_t = models.TrialModel.__table__
         templates = [
             optuna.trial.create_trial(
                 state=TrialState.WAITING, system_attrs={"fixed_params": p}, user_attrs=a
@@ -396,34 +387,7 @@ class OwnedTrials(_CachedStorage):
         ids = [tid for tid, _ in lost]
         self._flush_all()
         try:
-            with backend.engine.begin() as conn:
-                new = insert_trials(conn, study_id, templates)
-                if rows:
-                    if not _can_upsert(backend.engine.name):  # the old rows replaced
-                        attr_t = model.__table__
-                        conn.execute(
-                            attr_t.delete().where(
-                                attr_t.c.trial_id.in_(ids),
-                                attr_t.c.key.in_({r["key"] for r in rows}),
-                            )
-                        )
-                        conn.execute(attr_t.insert(), rows)
-                    else:
-                        conn.execute(_attrs_upsert(backend.engine.name, rows))
-                if ids:
-                    now = dt.datetime.now(dt.UTC).replace(tzinfo=None)
-                    failed = conn.execute(
-                        trials_t.update()
-                        .where(
-                            trials_t.c.trial_id.in_(ids),
-                            trials_t.c.state == TrialState.RUNNING,
-                        )
-                        .values(state=TrialState.FAIL, datetime_complete=now)
-                    ).rowcount
-                    if failed != len(ids):
-                        raise optuna.exceptions.UpdateFinishedTrialError(
-                            f"{len(ids) - failed} of the trials to fail are no longer running"
-                        )
+            new = requeue_statements(backend.engine, study_id, templates, rows, ids)
         finally:  # re-read what it touched (or may have), as after any write
             with self._lock:
                 self._written.update(ids)
@@ -534,108 +498,3 @@ class OwnedTrials(_CachedStorage):
                     continue
                 study.last_finished_trial_id = max(study.last_finished_trial_id, trial._trial_id)
                 study.unfinished_trial_ids.discard(trial._trial_id)
-
-
-def _check_updatable(number: int, state: TrialState) -> None:
-    """`UpdateFinishedTrialError` for a finished trial, as Optuna's
-    `check_trial_is_updatable` raises it, without its read of the trial: that read goes
-    through `get_trial` (this storage's lock, held by the caller: a deadlock) and, on the
-    database's side, through Optuna's thread-local session (which commits what the caller's
-    transaction wrote so far, then closes it)."""
-    if state.is_finished():
-        raise optuna.exceptions.UpdateFinishedTrialError(
-            f"Trial#{number} has already finished and can not be updated."
-        )
-
-
-def _check_unfinished(session: Any, trial_ids: Sequence[int]) -> None:
-    """Each trial exists (KeyError) and is unfinished (`_check_updatable`), read in
-    `session` in one statement, before the caller writes anything in it."""
-    trials_t = models.TrialModel.__table__
-    found = {
-        row.trial_id: row
-        for row in session.execute(
-            select(trials_t.c.trial_id, trials_t.c.number, trials_t.c.state).where(
-                trials_t.c.trial_id.in_(list(trial_ids))
-            )
-        )
-    }
-    for trial_id in trial_ids:
-        if trial_id not in found:
-            raise KeyError(f"No trial with trial_id {trial_id} exists.")
-        state = found[trial_id].state
-        state = state if isinstance(state, TrialState) else TrialState[state]
-        _check_updatable(found[trial_id].number, state)
-
-
-def _can_upsert(dialect: str) -> bool:
-    """Whether the dialect has INSERT … ON CONFLICT (PostgreSQL; SQLite from 3.24)."""
-    return dialect == "postgresql" or (
-        dialect == "sqlite" and sqlite3.sqlite_version_info >= (3, 24, 0)
-    )
-
-
-def _attrs_upsert(dialect: str, rows: list[dict[str, Any]]) -> Any:
-    """User-attribute rows (trial_id, key, value_json) written as one multi-row INSERT …
-    ON CONFLICT (trial, key) DO UPDATE, as Optuna's storage upserts one (`_can_upsert`)."""
-    model = models.TrialUserAttributeModel
-    insert = postgresql.insert(model) if dialect == "postgresql" else sqlite.insert(model)
-    statement = insert.values(rows)
-    return statement.on_conflict_do_update(
-        index_elements=[model.trial_id, model.key],
-        set_={"value_json": statement.excluded.value_json},
-    )
-
-
-def set_user_attrs(
-    study: optuna.Study, trial: optuna.Trial | FrozenTrial, attrs: dict[str, Any]
-) -> None:
-    """Several user attributes of one trial, in one transaction on the runner's storage (in
-    the order given, one per attribute on any other). An `optuna.Trial`'s own copy is kept
-    up to date as `Trial.set_user_attr` keeps it."""
-    storage = study._storage
-    if isinstance(storage, OwnedTrials):
-        storage.set_trial_user_attrs(trial._trial_id, attrs)
-        if isinstance(trial, optuna.Trial):
-            trial._cached_frozen_trial.user_attrs.update(attrs)
-        return
-    for key, value in attrs.items():
-        if isinstance(trial, optuna.Trial):
-            trial.set_user_attr(key, value)
-        else:  # a trial of a stopped runner, read back from the storage
-            storage.set_trial_user_attr(trial._trial_id, key, value)
-
-
-def tell(
-    study: optuna.Study,
-    trial: optuna.Trial | int,
-    values: Sequence[float] | None = None,
-    state: TrialState | None = None,
-) -> None:
-    """`Study.tell` without its answer. `tell` returns a copy of the trial read back after
-    its state changed, which on the runner's storage is a read of the whole trial from the
-    database (six statements: the state change marks it for a re-read, which the loop's next
-    read of the study makes for every trial told since, in one query); the runner never
-    uses that copy. The same checks, sampler hook and write as `tell`."""
-    _tell_with_warning(study, trial, values, state)
-
-
-def after_trial(
-    study: optuna.Study,
-    trial: FrozenTrial,
-    state: TrialState,
-    values: Sequence[float] | None = None,
-) -> None:
-    """The sampler's `after_trial` hook, as `Study.tell` calls it (on the study as the
-    sampler sees it), for a trial concluded otherwise (`recovery`'s bulk requeue)."""
-    study.sampler.after_trial(_filter_study(study, trial), trial, state, values)
-
-
-def rdb_storage(storage: optuna.storages.BaseStorage) -> RDBStorage:
-    """The database storage under `storage`: itself, or the one under Optuna's cache (the
-    runner's `OwnedTrials` among them), for a reader that reads the tables in bulk."""
-    if isinstance(storage, RDBStorage):
-        return storage
-    if isinstance(storage, _CachedStorage):
-        return storage._backend
-    raise TypeError(f"not a database storage: {type(storage).__name__}")

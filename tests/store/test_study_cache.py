@@ -372,7 +372,7 @@ def test_the_database_storage_under_a_cache_is_found(tmp_path: Path) -> None:
     bulk reads), for the runner's storage and Optuna's own cached one alike."""
     from optuna.storages import InMemoryStorage, get_storage
 
-    from nas_service.store.optuna_storage import rdb_storage
+    from nas_service.store.optuna_study import rdb_storage
 
     rdb = optuna_storage(f"sqlite:///{tmp_path / 'db.sqlite'}")
     assert rdb_storage(rdb) is rdb
