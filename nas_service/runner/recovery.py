@@ -215,11 +215,18 @@ def training_start(
     trial with rungs done (None when it is waiting), else the trial's own start."""
     if not records(t):
         return t.datetime_start.astimezone(dt.UTC) if t.datetime_start is not None else None
+    return _open_run_start(sessions, job_id, t.number)
+
+
+def _open_run_start(
+    sessions: sessionmaker[Session], job_id: str, number: int
+) -> dt.datetime | None:
+    """The start of trial `number`'s open (RUNNING) run row, if it has one."""
     with sessions() as s:
         started = s.scalar(
             select(func.max(TrialRun.started_at)).where(
                 TrialRun.job_id == job_id,
-                TrialRun.trial_number == t.number,
+                TrialRun.trial_number == number,
                 TrialRun.state == RunState.RUNNING,
             )
         )
@@ -388,17 +395,9 @@ def _resume(
     recs = records(t)
     last = recs[-1]
     waiting = t.user_attrs.get(TrialAttr.WAITING) == last.get("rung") and not last.get("promoted")
-    with sessions() as s:
-        started = s.scalar(
-            select(func.max(TrialRun.started_at)).where(
-                TrialRun.job_id == job_id,
-                TrialRun.trial_number == t.number,
-                TrialRun.state == RunState.RUNNING,
-            )
-        )
-        if waiting and started is None:
-            return False
-    started = _stored(started) if started is not None else None
+    started = _open_run_start(sessions, job_id, t.number)
+    if waiting and started is None:
+        return False
     suspect = _suspect_after(t, started, progressed, stops)
     if suspect >= max_suspect:
         reason = (
