@@ -134,50 +134,11 @@ def client(tmp_path: Path) -> Iterator[TestClient]:
 def server(tmp_path: Path) -> Iterator[str]:
     """`depthscope serve` (the API, its runner and a local Ray) on a free port of loopback,
     over a fresh SQLite file; its whole session stopped afterwards."""
-    import os
-    import subprocess
-    import sys
-    import time
+    from tests.support.api import serve
+    from tests.support.procs import terminate_session
 
-    import httpx
-
-    from tests.support.api import ROOT, _free_port
-
-    port = _free_port()
-    env = os.environ | {"RAY_USAGE_STATS_ENABLED": "0"}
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "nas_service.cli",
-            "serve",
-            "--port",
-            str(port),
-            "--database-url",
-            f"sqlite:///{tmp_path / 'e2e.db'}",
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    url, proc = serve(tmp_path, "--database-url", f"sqlite:///{tmp_path / 'e2e.db'}")
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail(
-                "the server did not come up: " + (tmp_path / "server.log").read_text()[-2000:]
-            )
         yield url
     finally:
-        from tests.support.procs import terminate_session
-
         terminate_session(proc, grace=60)  # the server, its runner and their Ray, nothing else

@@ -4,24 +4,20 @@ named schema), health and the Prometheus metrics."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from fastapi.testclient import TestClient
 
 from nas_service.api.app import create_app
 from nas_service.settings import get_settings
 from tests.support.api import (
-    ROOT,
     SPEC,
     _free_port,
     _token_app,
     error,
+    serve,
 )
 
 
@@ -373,7 +369,6 @@ def test_docs_come_from_the_service_alone(tmp_path: Path) -> None:
 
 
 #: The API alone, as an operator starts it.
-SERVE = [sys.executable, "-m", "nas_service.cli", "serve", "--no-runner"]
 
 
 def test_the_docs_page_renders_in_a_browser_from_this_origin_alone(tmp_path: Path) -> None:
@@ -385,24 +380,10 @@ def test_the_docs_page_renders_in_a_browser_from_this_origin_alone(tmp_path: Pat
     from tests.browser.conftest import chromium_path
     from tests.support.procs import terminate_session
 
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    proc = subprocess.Popen(
-        [*SERVE, "--port", str(port), "--database-url", f"sqlite:///{tmp_path / 'd.db'}"],
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
+    origin, proc = serve(
+        tmp_path, "--no-runner", "--database-url", f"sqlite:///{tmp_path / 'd.db'}", timeout_s=60
     )
-    origin = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{origin}/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
         requested: list[str] = []
         problems: list[str] = []
         with sync_playwright() as pw:

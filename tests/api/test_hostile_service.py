@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,10 +17,9 @@ import httpx
 import optuna
 import pytest
 
-from tests.support.api import ROOT, SPEC, _free_port, _synthetic
+from tests.support.api import SPEC, _synthetic, serve
 
 #: The API alone, as an operator starts it.
-SERVE = [sys.executable, "-m", "nas_service.cli", "serve", "--no-runner"]
 
 
 def _rss_bytes(pid: int) -> int:
@@ -38,29 +36,10 @@ def api_only(tmp_path: Path) -> Iterator[tuple[str, str, subprocess.Popen[bytes]
     loopback over a fresh SQLite file: its URL, the database URL and the process."""
     from tests.support.procs import terminate_session
 
-    port = _free_port()
     db = f"sqlite:///{tmp_path / 'hostile.db'}"
-    log = (tmp_path / "server.log").open("w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEPTHSCOPE_")}
-    proc = subprocess.Popen(
-        [*SERVE, "--port", str(port), "--database-url", db],
-        env=env,
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
+    url, proc = serve(tmp_path, "--no-runner", "--database-url", db, env=env)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/v1/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
-        else:
-            pytest.fail("the server did not come up: " + (tmp_path / "server.log").read_text())
         yield url, db, proc
     finally:
         terminate_session(proc, grace=30)
