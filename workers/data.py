@@ -13,9 +13,7 @@ Conventions:
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
-import errno
 import functools
 import hashlib
 import logging
@@ -23,23 +21,32 @@ import os
 import platform
 import stat
 import sys
-import sysconfig
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 import torch
 
+from workers.corpus_documents import CHUNK_BYTES as CHUNK_BYTES
+from workers.corpus_documents import DEFAULT_BUILTIN_BYTES as DEFAULT_BUILTIN_BYTES
+from workers.corpus_documents import beneath_documents, chunks, file_documents, folder_documents
+from workers.corpus_documents import stdlib_documents as stdlib_documents
+from workers.corpus_files import (
+    check_regular,
+    file_of,
+    open_beneath,
+    open_regular,
+    read_text,
+    rel_parts,
+    text_of,
+)
 from workers.data_errors import CorpusError, Document
 from workers.data_records import (
-    DATASET_STATE,
     DEFAULT_TEXT_FIELD,
-    dataset_files,
     is_record_file,
-    record_documents,
 )
 from workers.tokenizer import TOKENIZERS, bpe_for, check_vocab
 
@@ -49,13 +56,8 @@ log = logging.getLogger(__name__)
 
 BUILTIN = "builtin"
 BYTE_VOCAB = 256
-DEFAULT_BUILTIN_BYTES = 8 * 2**20  # ≈ 2/3 of the stdlib's 12 MB of non-test sources
-CHUNK_BYTES = 64 * 2**10  # document size when a single text file is the whole corpus
 TOKEN_DTYPES: dict[str, np.dtype[Any]] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 TOKEN_SUFFIXES = {".bin": "uint16", ".u16": "uint16", ".u32": "uint32"}  # .bin: nanoGPT's
-_STDLIB_EXCLUDED = frozenset(
-    {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
-)
 
 
 @dataclass(frozen=True)
@@ -190,259 +192,6 @@ def assign_documents(doc_ids: Sequence[str], val_fraction: float) -> list[bool]:
     return flags
 
 
-def _select(sizes: Sequence[int], ids: Sequence[str], max_bytes: int | None) -> list[int]:
-    """Indices of the documents kept under `max_bytes`: greedily in a salted-hash order (a
-    stable shuffle, not the alphabetical prefix), returned in their original order."""
-    if max_bytes is None or sum(sizes) <= max_bytes:
-        return list(range(len(sizes)))
-    order = sorted(
-        range(len(ids)), key=lambda i: hashlib.sha256(b"select:" + ids[i].encode()).digest()
-    )
-    kept, total = [], 0
-    for i in order:
-        if total + sizes[i] <= max_bytes:
-            kept.append(i)
-            total += sizes[i]
-    return sorted(kept)
-
-
-def stdlib_documents(max_bytes: int | None = DEFAULT_BUILTIN_BYTES) -> list[Document]:
-    """The built-in corpus's documents: the standard library's `.py` sources (no tests, no
-    site-packages), in sorted relative-path order, each `# ==== <path> ====\\n` + source."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    paths: list[str] = []
-    for folder, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in _STDLIB_EXCLUDED)
-        rel = Path(folder).relative_to(root)
-        paths += [(rel / f).as_posix() for f in files if f.endswith(".py")]
-    paths.sort()
-    header = {p: f"# ==== {p} ====\n".encode() for p in paths}
-    sizes = [len(header[p]) + (root / p).stat().st_size for p in paths]
-    docs = []
-    for i in _select(sizes, paths, max_bytes):
-        data = (root / paths[i]).read_bytes()
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError:
-            log.debug("skipping %s: not UTF-8", paths[i])
-            continue
-        docs.append(Document(paths[i], header[paths[i]] + data))
-    return docs
-
-
-def _read_text(path: Path, max_bytes: int | None = None) -> bytes:
-    """The bytes of a regular UTF-8 text file (the first `max_bytes` if given)."""
-    _check_regular(path)
-    return _text_of(_open_regular(path, str(path)), str(path), max_bytes)
-
-
-def _text_of(fd: int, shown: str, max_bytes: int | None = None) -> bytes:
-    """The UTF-8 text read from the open descriptor `fd` (closed here), named `shown`."""
-    try:
-        with _file(fd, shown) as f:
-            data = f.read() if max_bytes is None else f.read(max_bytes)
-            truncated = max_bytes is not None and f.read(1) != b""
-    except OSError as e:
-        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
-    try:  # a cut in the middle of a character is not an error when truncated
-        codecs.getincrementaldecoder("utf-8")().decode(data, final=not truncated)
-    except UnicodeDecodeError as e:
-        raise CorpusError(
-            "corpus",
-            f"{shown} is not valid UTF-8 text (byte {e.start}); "
-            "pass token_dtype='uint16' or 'uint32' if it holds tokens",
-        ) from e
-    return data
-
-
-def _file(fd: int, shown: str) -> BinaryIO:
-    """A file object owning the descriptor `fd` (closed if one cannot be made)."""
-    try:
-        return open(fd, "rb")
-    except OSError as e:
-        os.close(fd)
-        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
-
-
-def _check_regular(path: Path) -> None:
-    if path.is_symlink() and not path.exists():
-        raise CorpusError("corpus", f"{path} is a broken symbolic link")
-    if not path.exists():
-        raise CorpusError("corpus", f"{path} does not exist")
-    if not path.is_file():
-        raise CorpusError("corpus", f"{path} is not a regular file")
-
-
-# -- opening: once, then the descriptor is checked and read ------------------------------------
-# O_NONBLOCK: opening a FIFO for reading would block until a writer came; with it the open
-# returns at once and the descriptor's type refuses it. It does not change regular files.
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0) | os.O_CLOEXEC
-_NO_LINK = _OPEN_FLAGS | os.O_NOFOLLOW
-
-
-def _open_regular(path: Path, shown: str) -> int:
-    """A descriptor of the regular file at `path` (a path the user chose: links followed),
-    checked after opening, so what is read is what was checked."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except FileNotFoundError:
-        raise CorpusError("corpus", f"{shown} does not exist") from None
-    except OSError as e:
-        raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CorpusError("corpus", f"{shown} is not a regular file")
-    return fd
-
-
-def _rel_parts(source: str) -> list[str]:
-    """The components of a path relative to the data folder, refused by its text alone when
-    it names nothing below the folder (empty, "."), is absolute or climbs with `..`."""
-    parts = [p for p in source.split("/") if p not in ("", ".")]
-    if not parts or source.startswith("/") or ".." in parts:
-        raise CorpusError("corpus", f"{source!r} is not a relative path inside the data folder")
-    return parts
-
-
-def _open_at(dir_fd: int, name: str, shown: str) -> tuple[int, os.stat_result]:
-    """Open `name` in the folder `dir_fd` without following a link; its descriptor and
-    type. `shown` (relative to the data folder) names it in every refusal."""
-    try:
-        fd = os.open(name, _NO_LINK, dir_fd=dir_fd)
-    except OSError as e:
-        if e.errno in (errno.ELOOP, errno.EMLINK):  # EMLINK: the BSDs' answer
-            reason = "is a symbolic link; links are not followed inside the data folder"
-        elif e.errno == errno.ENOENT:
-            reason = "does not exist in the data folder"
-        else:
-            reason = f"cannot be read: {e.strerror or e}"
-        raise CorpusError("corpus", f"{shown!r} {reason}") from None
-    return fd, os.fstat(fd)
-
-
-def _open_beneath(root: str, parts: Sequence[str]) -> tuple[int, os.stat_result]:
-    """Open the path `parts` beneath the folder `root` one component at a time, never
-    following a link: its descriptor and type (a folder or a regular file)."""
-    try:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError as e:
-        raise CorpusError("corpus", f"the data folder cannot be read: {e.strerror or e}") from e
-    st = os.fstat(fd)
-    for i, name in enumerate(parts):
-        shown = "/".join(parts[: i + 1])
-        try:
-            if not stat.S_ISDIR(st.st_mode):
-                raise CorpusError("corpus", f"{'/'.join(parts[:i])!r} is not a folder")
-            child, st = _open_at(fd, name, shown)
-        finally:
-            os.close(fd)
-        fd = child
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        os.close(fd)
-        raise CorpusError("corpus", f"{'/'.join(parts)!r} is not a regular file or a folder")
-    return fd, st
-
-
-def _walk_fd(dir_fd: int, prefix: str, out: list[tuple[str, int]]) -> None:
-    """Append (relative path, size) for every regular file under the folder `dir_fd`
-    (hidden entries and `__pycache__` skipped); a link or any other kind is refused."""
-    with os.scandir(dir_fd) as entries:
-        names = sorted((e.name, e.stat(follow_symlinks=False)) for e in entries)
-    for name, st in names:
-        if name.startswith(".") or name == "__pycache__":
-            continue
-        shown = f"{prefix}/{name}"
-        if stat.S_ISDIR(st.st_mode):
-            child, cst = _open_at(dir_fd, name, shown)
-            try:
-                if not stat.S_ISDIR(cst.st_mode):
-                    raise CorpusError("corpus", f"{shown!r} changed while it was read")
-                _walk_fd(child, shown, out)
-            finally:
-                os.close(child)
-        elif stat.S_ISLNK(st.st_mode):
-            raise CorpusError(
-                "corpus",
-                f"{shown!r} is a symbolic link; links are not followed inside the data folder",
-            )
-        elif not stat.S_ISREG(st.st_mode):
-            raise CorpusError("corpus", f"{shown!r} is not a regular file")
-        else:
-            out.append((shown, st.st_size))
-
-
-def _open_file_at(dir_fd: int, rel: str, shown: str) -> int:
-    """A descriptor of the regular file `rel` (components joined by "/") under `dir_fd`."""
-    fd = os.dup(dir_fd)
-    parts = rel.split("/")
-    for i, name in enumerate(parts):
-        try:
-            child, st = _open_at(fd, name, shown)
-        finally:
-            os.close(fd)
-        fd = child
-        want_dir = i < len(parts) - 1
-        if stat.S_ISDIR(st.st_mode) != want_dir or not (want_dir or stat.S_ISREG(st.st_mode)):
-            os.close(fd)
-            raise CorpusError("corpus", f"{shown!r} is not a regular file")
-    return fd
-
-
-def _beneath_documents(
-    dir_fd: int, shown: str, max_bytes: int | None, text_field: str = DEFAULT_TEXT_FIELD
-) -> list[Document]:
-    """`_folder_documents` for the folder open as `dir_fd`, never following a link."""
-    dataset = _dataset_documents(dir_fd, shown, max_bytes, text_field)
-    if dataset is not None:
-        return dataset
-    found: list[tuple[str, int]] = []
-    _walk_fd(dir_fd, shown, found)
-    ids = [p[len(shown) + 1 :] for p, _ in found]
-    docs = []
-    for i in _select([size + 1 for _, size in found], ids, max_bytes):
-        fd = _open_file_at(dir_fd, ids[i], found[i][0])
-        docs += _file_documents(fd, repr(found[i][0]), ids[i], text_field, None)
-    return docs
-
-
-def _file_documents(
-    fd: int, shown: str, doc_id: str, text_field: str, max_bytes: int | None
-) -> list[Document]:
-    """The documents of one file of a folder open as `fd` (closed here): its records when
-    it is a record file (`workers.data_records`), else its text, ending with a newline."""
-    if is_record_file(doc_id):
-        with _file(fd, shown) as f:
-            return record_documents(f, shown, doc_id, text_field, max_bytes)
-    data = _text_of(fd, shown, max_bytes)
-    return [Document(doc_id, data if data.endswith(b"\n") else data + b"\n")] if data else []
-
-
-def _dataset_documents(
-    dir_fd: int, shown: str, max_bytes: int | None, text_field: str
-) -> list[Document] | None:
-    """The records of a dataset saved by `datasets.save_to_disk` in the folder `dir_fd`
-    (its `state.json` lists its Arrow files); None when the folder is not one."""
-    try:
-        fd, st = _open_at(dir_fd, DATASET_STATE, f"{shown}/{DATASET_STATE}")
-    except CorpusError:
-        return None
-    state_shown = repr(f"{shown}/{DATASET_STATE}")
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise CorpusError("corpus", f"{state_shown} is not a regular file")
-    names = dataset_files(_text_of(fd, state_shown, 2**20), state_shown)
-    docs: list[Document] = []
-    for name in names:
-        left = None if max_bytes is None else max_bytes - sum(len(d.data) for d in docs)
-        if left is not None and left <= 0:
-            break
-        file_shown = f"{shown}/{name}"
-        fd = _open_file_at(dir_fd, name, file_shown)
-        with _file(fd, repr(file_shown)) as f:
-            docs += record_documents(f, repr(file_shown), name, text_field, left)
-    return docs
-
-
 def _load_beneath(
     root: str,
     source: str,
@@ -454,10 +203,10 @@ def _load_beneath(
 ) -> Corpus:
     """`load_corpus` of `source`, a path relative to the folder `root`, opened once beneath
     it without following a link (`_open_beneath`); the descriptor is what is read."""
-    parts = _rel_parts(source)
+    parts = rel_parts(source)
     shown = "/".join(parts)
     name = parts[-1]
-    fd, st = _open_beneath(root, parts)
+    fd, st = open_beneath(root, parts)
     if dtype_name is not None:
         if stat.S_ISDIR(st.st_mode):
             os.close(fd)
@@ -466,47 +215,14 @@ def _load_beneath(
         return _token_corpus(tokens, val_fraction, name=name, source=shown, vocab_size=vocab_size)
     if stat.S_ISDIR(st.st_mode):
         try:
-            docs = _beneath_documents(fd, shown, max_bytes, text_field)
+            docs = beneath_documents(fd, shown, max_bytes, text_field)
         finally:
             os.close(fd)
     elif is_record_file(name):
-        docs = _file_documents(fd, repr(shown), name, text_field, max_bytes)
+        docs = file_documents(fd, repr(shown), name, text_field, max_bytes)
     else:
-        docs = _chunks(_text_of(fd, repr(shown), max_bytes))
+        docs = chunks(text_of(fd, repr(shown), max_bytes))
     return _text_corpus(docs, val_fraction, name=name, source=shown, vocab_size=vocab_size)
-
-
-def _folder_documents(
-    folder: Path, max_bytes: int | None, text_field: str = DEFAULT_TEXT_FIELD
-) -> list[Document]:
-    """Every file under `folder` (recursively, sorted, hidden entries skipped), one document
-    each, ending with a newline; a record file's records (`workers.data_records`) each one
-    document; a dataset saved by `save_to_disk` its records."""
-    if (folder / DATASET_STATE).exists():
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            docs = _dataset_documents(fd, folder.name, max_bytes, text_field)
-        finally:
-            os.close(fd)
-        assert docs is not None
-        return docs
-    paths = []
-    for sub, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-        rel = Path(sub).relative_to(folder)
-        paths += [(rel / f).as_posix() for f in files if not f.startswith(".")]
-    paths.sort()
-    root = folder.resolve()
-    for p in paths:
-        _check_regular(folder / p)
-        if not (folder / p).resolve().is_relative_to(root):  # the folder is what was allowed
-            raise CorpusError("corpus", f"{p} in {folder.name} leads outside the folder")
-    sizes = [(folder / p).stat().st_size + 1 for p in paths]
-    docs = []
-    for i in _select(sizes, paths, max_bytes):
-        fd = _open_regular(folder / paths[i], str(folder / paths[i]))
-        docs += _file_documents(fd, str(folder / paths[i]), paths[i], text_field, None)
-    return docs
 
 
 def _split_documents(
@@ -532,8 +248,8 @@ def _read_tokens(path: Path, dtype_name: str, max_bytes: int | None) -> np.ndarr
     """Raw little-endian tokens of `path` (the first `max_bytes // itemsize` if given)."""
     if path.is_dir():
         raise CorpusError("corpus", f"{path} is a folder; token_dtype needs one token file")
-    _check_regular(path)
-    fd = _open_regular(path, str(path))
+    check_regular(path)
+    fd = open_regular(path, str(path))
     return _tokens_of(fd, str(path), os.fstat(fd).st_size, dtype_name, max_bytes)
 
 
@@ -550,7 +266,7 @@ def _tokens_of(
         )
     count = -1 if max_bytes is None else max_bytes // dtype.itemsize
     try:
-        with _file(fd, shown) as f:
+        with file_of(fd, shown) as f:
             return np.fromfile(f, dtype=dtype, count=count)
     except OSError as e:
         raise CorpusError("corpus", f"cannot read {shown}: {e.strerror or e}") from e
@@ -562,14 +278,6 @@ def _token_corpus(
     n_val = min(len(tokens), max(1, round(len(tokens) * val_fraction)))
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
     return _make_corpus(train, val, name=name, source=source, vocab_size=vocab_size)
-
-
-def _chunks(data: bytes) -> list[Document]:
-    """A single text file's documents: its `CHUNK_BYTES` chunks."""
-    return [
-        Document(str(i), data[start : start + CHUNK_BYTES])
-        for i, start in enumerate(range(0, len(data), CHUNK_BYTES))
-    ]
 
 
 def _text_corpus(
@@ -758,10 +466,10 @@ def _load_bytes(
             tokens, val_fraction, name=path.name, source=shown, vocab_size=vocab_size
         )
     if path.is_dir():
-        docs = _folder_documents(path, max_bytes, text_field)
+        docs = folder_documents(path, max_bytes, text_field)
     elif is_record_file(path.name):
-        _check_regular(path)
-        docs = _file_documents(_open_regular(path, shown), shown, path.name, text_field, max_bytes)
+        check_regular(path)
+        docs = file_documents(open_regular(path, shown), shown, path.name, text_field, max_bytes)
     else:
-        docs = _chunks(_read_text(path, max_bytes))
+        docs = chunks(read_text(path, max_bytes))
     return _text_corpus(docs, val_fraction, name=path.name, source=shown, vocab_size=vocab_size)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from workers import data
+from workers import corpus_files, data
 from workers.contract import TrainSpecError
 from workers.data import (
     Corpus,
@@ -330,7 +330,8 @@ def test_unreadable_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(args[0]))
 
-    monkeypatch.setattr(data, "open", denied, raising=False)  # the OS refusing the read
+    # the OS refusing the read, where a corpus file is opened
+    monkeypatch.setattr(corpus_files, "open", denied, raising=False)
     expect_error("corpus", str(secret), "cannot read", "Permission denied", source=secret)
 
 
