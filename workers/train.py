@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Generator, Iterator
 from typing import Any
@@ -36,6 +35,7 @@ from workers.contract import (
     TrainSpecError,
 )
 from workers.data import Corpus, load_corpus
+from workers.measure import SavedTensors, device_name, resolve_device, rss_bytes, state_bytes
 from workers.model import DepthscopeLM, build_model
 from workers.store import ArtifactStore, CheckpointError, check_key
 
@@ -56,78 +56,6 @@ def lr_at(spec: TrainSpec, step: int, total: int) -> float:
         return spec.lr
     progress = (step - decay_start + 1) / max(1, total - decay_start)
     return spec.lr + (floor - spec.lr) * min(1.0, progress)
-
-
-def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise TrainSpecError("device", "cuda requested but no CUDA device is present")
-        return torch.device("cuda")
-    return torch.device("cpu")
-
-
-class SavedTensors:
-    """The bytes autograd saves for backward while `hooks()` is active: every distinct
-    storage a saved tensor lives in (a storage saved twice, or views of one, counted once, by
-    its address), the model's parameters excluded (they are the weights, not activations).
-    This is what `cost_model.training_memory` calls `activation_bytes` (the conformance
-    suite, `tests/workers/test_model_conformance.py`, checks the two agree per variant). The
-    saved tensors are held by the graph until backward, so no two of them share an address.
-    """
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        self.storages: dict[int, int] = {}  # address -> bytes
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        address = storage.data_ptr()
-        if address not in self.parameters:
-            self.storages[address] = storage.nbytes()
-        return t
-
-    def hooks(self) -> Any:
-        """The context in which the saved tensors are counted (the pack hook records and
-        returns the tensor itself: nothing is copied)."""
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
-
-    @property
-    def bytes(self) -> int:
-        return sum(self.storages.values())
-
-
-def _unpack(t: torch.Tensor) -> torch.Tensor:
-    return t
-
-
-def state_bytes(model: torch.nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Bytes of the training state: every parameter, a gradient of each trainable one (of its
-    dtype), and the optimizer's state tensors (AdamW: two moments and a step count per
-    parameter, once it has stepped)."""
-    params = list(model.parameters())
-    weights = sum(p.nbytes for p in params)
-    grads = sum(p.nbytes for p in params if p.requires_grad)
-    optimizer = sum(
-        v.nbytes for state in opt.state.values() for v in state.values() if torch.is_tensor(v)
-    )
-    return int(weights + grads + optimizer)
-
-
-def device_name(device: torch.device) -> str:
-    """The device kind a run records: "cpu", or the CUDA device's name
-    (`torch.cuda.get_device_name`, e.g. "NVIDIA H200")."""
-    if device.type == "cuda":
-        return str(torch.cuda.get_device_name(device))
-    return device.type
-
-
-def _rss_bytes() -> int:
-    """Current resident set size of this process (Linux /proc), 0 where unavailable."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 #: The optimizer's parameter groups, in this order.
@@ -328,7 +256,7 @@ def training_run(
     explode_at = spec.divergence_factor * math.log(cfg.vocab_size)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    peak_rss = _rss_bytes()
+    peak_rss = rss_bytes()
     # the first step's saved tensors and training state (a compiled graph saves its own)
     meter = None if spec.compile else SavedTensors(model)
     saved_bytes = held_bytes = 0
@@ -355,7 +283,7 @@ def training_run(
         if on_step is not None:
             on_step(done, steps, train_loss)
         if device.type == "cpu" and done % 10 == 0:
-            peak_rss = max(peak_rss, _rss_bytes())
+            peak_rss = max(peak_rss, rss_bytes())
         if done % interval == 0 or done == steps:
             eval_start = time.perf_counter()
             val = evaluate(step_model, eval_batches, device)
@@ -403,7 +331,7 @@ def training_run(
         if failure is not None:
             status, reason = "diverged", failure
     wall = time.perf_counter() - start
-    peak_rss = max(peak_rss, _rss_bytes())
+    peak_rss = max(peak_rss, rss_bytes())
     if device.type == "cuda":
         peak, kind = int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     elif meter is not None:  # the terms of cost_model.training_memory, as measured

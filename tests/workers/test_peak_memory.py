@@ -10,8 +10,9 @@ import torch
 from cost_model import ArchConfig, Workload, param_count, training_memory
 from workers.contract import MEMORY_KINDS, TrainResult, TrainSpec
 from workers.data import Corpus, load_corpus
+from workers.measure import SavedTensors
 from workers.model import build_model
-from workers.train import SavedTensors, make_optimizer, optimizer_step, train
+from workers.train import make_optimizer, optimizer_step, train
 
 BATCH, SEQ = 8, 64
 SHAPES = [
