@@ -37,15 +37,13 @@ from cost_model.io import ResidualIO, residual_io
 from cost_model.layout import (
     LAYOUT_METRICS,
     RECOMPUTE_CODES,
-    GridLayouts,
     Layout,
     LayoutSearch,
     LayoutSpace,
     PricedLayout,
-    best_layouts,
     search_layout,
-    search_layout_grid,
 )
+from cost_model.layout_grid import GridLayouts, best_layouts, search_layout_grid
 from cost_model.machine import get_hardware
 from cost_model.memory import (
     ActivationSettings,

@@ -42,27 +42,22 @@ one with less memory, then the first in the space's order (t, p, v, d, b ascendi
 none, selective, full; without sequence parallelism first).
 
 `search_layout` prices one candidate (a loop over the layouts, which also returns the
-feasible list); `search_layout_grid` and `best_layouts` price many at once: one `ArchGrid`
-through each layout, the pairs the architecture does not divide or that do not fit masked,
-the best kept per candidate.
+feasible list); `cost_model.layout_grid` prices many at once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from cost_model._config import ArchConfig, ArchGrid, CostInputError, _Derived
+from cost_model._config import ArchConfig, CostInputError, _Derived
 from cost_model._workload import RECOMPUTE_MODES, Parallelism, Workload
 from cost_model.hardware import Hardware
 from cost_model.machine import get_hardware
 from cost_model.memory import training_memory
-from cost_model.report import grid_groups
 from cost_model.timing import train_step_time
 
 #: `best_layout_recompute`'s number for each recomputation mode: none 0, selective 1, full 2.
@@ -275,7 +270,7 @@ def layout_metrics(best: PricedLayout) -> dict[str, float]:
     return out
 
 
-def _no_layout_reason(
+def no_layout_reason(
     enumerated: int, divisible: int, min_memory: float, cap: float, space: LayoutSpace
 ) -> str:
     if divisible == 0:
@@ -329,11 +324,11 @@ class LayoutSearch:
         }
 
 
-def _hardware(hardware: str | Hardware) -> Hardware:
+def as_hardware(hardware: str | Hardware) -> Hardware:
     return get_hardware(hardware) if isinstance(hardware, str) else hardware
 
 
-def _cap(memory_cap_bytes: float | None, hw: Hardware) -> float:
+def memory_cap(memory_cap_bytes: float | None, hw: Hardware) -> float:
     """The cap in bytes: the one given (inf: no cap), else the preset's device memory."""
     if memory_cap_bytes is None:
         return float(hw.memory_bytes)
@@ -367,8 +362,8 @@ def search_layout(
     fastest feasible ones in order. `workload` gives the sequence length (and nothing else
     the search decides)."""
     _check_int("keep", keep, low=0)
-    hw = _hardware(hardware)
-    cap = _cap(memory_cap_bytes, hw)
+    hw = as_hardware(hardware)
+    cap = memory_cap(memory_cap_bytes, hw)
     workload = workload or Workload()
     seq = workload.seq_len or cfg.seq_len
     layouts = space.layouts()
@@ -385,7 +380,7 @@ def search_layout(
             feasible.append((time_s, memory, index, priced))
     feasible.sort(key=lambda row: row[:3])
     best = feasible[0][3] if feasible else None
-    reason = "" if best else _no_layout_reason(len(layouts), divisible, min_memory, cap, space)
+    reason = "" if best else no_layout_reason(len(layouts), divisible, min_memory, cap, space)
     return LayoutSearch(
         best=best,
         feasible=tuple(row[3] for row in feasible[:keep]),
@@ -396,166 +391,3 @@ def search_layout(
         memory_cap_bytes=cap,
         reason=reason,
     )
-
-
-@dataclass(frozen=True)
-class GridLayouts:
-    """Many candidates at their best layouts: `metrics[name]` (`LAYOUT_METRICS`) is a float
-    array, NaN where `found` is False; `valid` marks the valid architectures, `reasons` says
-    why a point has no layout (an invalid architecture, none that divides it, none that fits),
-    `min_memory_bytes` the least memory among the layouts that divide it (inf: none)."""
-
-    metrics: dict[str, np.ndarray]
-    found: np.ndarray
-    valid: np.ndarray
-    reasons: np.ndarray
-    min_memory_bytes: np.ndarray
-    enumerated: int
-
-    def __len__(self) -> int:
-        return int(self.found.shape[0])
-
-
-_GRID_ARRAYS = (
-    "n_layers",
-    "d_model",
-    "n_heads",
-    "kv_heads",
-    "ffn_dim",
-    "block_size",
-    "vocab_size",
-    "seq_len",
-    "valid",
-    "reasons",
-)
-
-
-def _take(grid: ArchGrid, idx: np.ndarray) -> ArchGrid:
-    """The points `idx` of a grid (already validated: no checks run again)."""
-    return dataclasses.replace(grid, **{name: getattr(grid, name)[idx] for name in _GRID_ARRAYS})
-
-
-def search_layout_grid(
-    grid: ArchGrid,
-    space: LayoutSpace,
-    workload: Workload | None = None,
-    hardware: str | Hardware = "h100",
-    memory_cap_bytes: float | None = None,
-) -> GridLayouts:
-    """Every candidate of `grid` at its best layout of `space`: the grid (or the points a
-    layout divides) priced through each layout at once, each candidate keeping a layout when
-    it fits and is faster, or as fast with less memory, than the one it holds (so the first in
-    the space's order wins an exact tie, as in `search_layout`)."""
-    hw = _hardware(hardware)
-    cap = _cap(memory_cap_bytes, hw)
-    workload = workload or Workload()
-    seq = workload.seq_len if workload.seq_len is not None else grid.seq_len
-    layouts = space.layouts()
-    n = len(grid)
-    best_time = np.full(n, np.inf)
-    best_memory = np.full(n, np.inf)
-    best_comm = np.full(n, np.nan)
-    best_index = np.full(n, -1, dtype=np.int64)
-    min_memory = np.full(n, np.inf)
-    divisible = np.zeros(n, dtype=np.int64)
-    admitted: dict[tuple[int, int, bool], np.ndarray] = {}  # what `divides` depends on
-    for index, layout in enumerate(layouts):
-        key = (layout.tensor, layout.pipeline * layout.virtual, layout.sequence_parallel)
-        if key not in admitted:
-            mask = np.asarray(divides(grid, layout, seq), dtype=bool) & grid.valid
-            admitted[key] = np.flatnonzero(mask)
-        idx = admitted[key]
-        if not idx.size:
-            continue
-        sub = grid if idx.size == n else _take(grid, idx)
-        divisible[idx] += 1
-        wl, par = layout.workload(workload), layout.parallelism()
-        memory = np.broadcast_to(training_memory(sub, wl, par).total_bytes, idx.shape)
-        min_memory[idx] = np.minimum(min_memory[idx], memory)
-        fits = memory <= cap
-        if not fits.any():
-            continue
-        if not fits.all():
-            idx, memory = idx[fits], memory[fits]
-            sub = _take(sub, np.flatnonzero(fits))
-        step = train_step_time(sub, wl, par, hw)
-        time_s = np.broadcast_to(np.asarray(step.total_s, dtype=np.float64), idx.shape)
-        comm = np.broadcast_to(np.asarray(step.comm_bytes), idx.shape)
-        held_t, held_m = best_time[idx], best_memory[idx]
-        better = (time_s < held_t) | ((time_s == held_t) & (memory < held_m))
-        win = idx[better]
-        best_time[win] = time_s[better]
-        best_memory[win] = memory[better]
-        best_comm[win] = comm[better]
-        best_index[win] = index
-    found = best_index >= 0
-    columns = {
-        "tensor": np.array([lay.tensor for lay in layouts], dtype=np.float64),
-        "pipeline": np.array([lay.pipeline for lay in layouts], dtype=np.float64),
-        "virtual": np.array([lay.virtual for lay in layouts], dtype=np.float64),
-        "data": np.array([lay.data for lay in layouts], dtype=np.float64),
-        "micro_batch": np.array([lay.micro_batch for lay in layouts], dtype=np.float64),
-        "microbatches": np.array([lay.microbatches for lay in layouts], dtype=np.float64),
-        "recompute": np.array([lay.recompute_code for lay in layouts], dtype=np.float64),
-        "sequence_parallel": np.array([lay.sequence_parallel for lay in layouts], np.float64),
-    }
-    chosen = np.where(found, best_index, 0)
-    metrics: dict[str, np.ndarray] = {
-        "best_step_time_s": np.where(found, best_time, np.nan),
-    }
-    for name, column in columns.items():
-        metrics[f"best_layout_{name}"] = np.where(found, column[chosen], np.nan)
-    metrics["best_layout_memory_bytes"] = np.where(found, best_memory, np.nan)
-    metrics["best_layout_comm_bytes"] = np.where(found, best_comm, np.nan)
-    metrics = {name: metrics[name] for name in LAYOUT_METRICS}
-    reasons = grid.reasons.copy()
-    for i in np.flatnonzero(~found & grid.valid):
-        reasons[i] = _no_layout_reason(
-            len(layouts), int(divisible[i]), float(min_memory[i]), cap, space
-        )
-    return GridLayouts(metrics, found, grid.valid.copy(), reasons, min_memory, len(layouts))
-
-
-def best_layouts(
-    configs: Sequence[ArchConfig],
-    space: LayoutSpace,
-    workload: Workload | None = None,
-    hardware: str | Hardware = "h100",
-    memory_cap_bytes: float | None = None,
-) -> GridLayouts:
-    """Arbitrary candidates at their best layouts, in input order: candidates that share
-    their categorical fields are searched together as one `ArchGrid` (`report.grid_groups`)."""
-    n = len(configs)
-    metrics = {name: np.full(n, np.nan) for name in LAYOUT_METRICS}
-    found = np.zeros(n, dtype=bool)
-    valid = np.zeros(n, dtype=bool)
-    reasons = np.full(n, "", dtype=object)
-    min_memory = np.full(n, np.inf)
-    enumerated = 0
-    for idx, first, axes in grid_groups(configs):
-        grid = ArchGrid.build(first, **axes)
-        part = search_layout_grid(grid, space, workload, hardware, memory_cap_bytes)
-        for name, values in part.metrics.items():
-            metrics[name][idx] = values
-        found[idx], valid[idx], reasons[idx] = part.found, part.valid, part.reasons
-        min_memory[idx] = part.min_memory_bytes
-        enumerated = part.enumerated
-    return GridLayouts(metrics, found, valid, reasons, min_memory, enumerated)
-
-
-__all__ = [
-    "DEFAULT_MAX_LAYOUTS",
-    "DEFAULT_MAX_VIRTUAL",
-    "LAYOUT_METRICS",
-    "RECOMPUTE_CODES",
-    "GridLayouts",
-    "Layout",
-    "LayoutSearch",
-    "LayoutSpace",
-    "PricedLayout",
-    "best_layouts",
-    "divides",
-    "layout_metrics",
-    "search_layout",
-    "search_layout_grid",
-]

@@ -26,15 +26,8 @@ from cost_model import (
     Workload,
     price,
 )
-from cost_model.layout import (
-    LAYOUT_METRICS,
-    Layout,
-    LayoutSpace,
-    best_layouts,
-    divides,
-    search_layout,
-    search_layout_grid,
-)
+from cost_model.layout import LAYOUT_METRICS, Layout, LayoutSpace, divides, search_layout
+from cost_model.layout_grid import best_layouts, search_layout_grid
 
 WL = Workload(seq_len=256)
 
