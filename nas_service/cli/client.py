@@ -302,6 +302,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
     for cross in out["crossover"]:
         print(f"{cross['variant']}: {cross['message']}")
+    seeds = sorted({k for pair in out["pairs"] for k in pair["seeds"]})
+    if out.get("scored_on") == "confirmation":
+        print(f"scored on held-out confirmation seeds {', '.join(map(str, seeds))}")
+    elif out.get("scored_on"):
+        print(f"scored on the seeds that chose each setting ({out['scored_on']})")
+    if out.get("warning"):
+        print(f"warning: {out['warning']}")
     if out["unmatched"]:
         print(f"{len(out['unmatched'])} shapes without a match in the other variant")
     if args.plot:

@@ -28,6 +28,24 @@ from nas_service.search.numbers import is_finite
 from nas_service.spec import TRAINING_AXES
 
 METHOD = "paired Student t over seeds, n-1 degrees of freedom"
+#: What a pair's seeds are: held-out confirmation seeds (each setting was chosen on other
+#: seeds), or the seeds that chose the setting among several (`selection`).
+CONFIRMATION, SELECTION = "confirmation", "selection"
+
+
+def _selection_warning(pairs: Sequence[dict[str, Any]]) -> str | None:
+    """Why a verdict scored on the seeds that chose the settings is biased, where one is."""
+    chosen = [
+        p for p in pairs if p["scored_on"] == SELECTION and max(p["settings_chosen_from"]) > 1
+    ]
+    if not chosen:
+        return None
+    return (
+        f"{len(chosen)} of {len(pairs)} pairs are scored on the seeds that chose each "
+        "architecture's training setting among several: the side with more settings had more "
+        "chances to look lucky, so these verdicts lean its way. Add confirm: {seeds: N} (N ≥ 2) "
+        "to the spec to score each chosen setting on fresh seeds."
+    )
 
 
 # -- sensitivity -------------------------------------------------------------------------------
@@ -275,10 +293,13 @@ def compare(
         unmatched.append(
             {"variant": ref} | _shape_dict(shape) | {"reason": "no other variant at this shape"}
         )
+    scored = {pair["scored_on"] for pair in pairs}
     return {
         "reference": ref,
         "level": level,
         "method": METHOD,
+        "scored_on": scored.pop() if len(scored) == 1 else "mixed" if scored else None,
+        "warning": _selection_warning(pairs),
         "pairs": pairs,
         "crossover": _crossovers(pairs, ref, level),
         "unmatched": unmatched,
@@ -286,12 +307,13 @@ def compare(
 
 
 def _pair(label: str, shape: Shape, p: ProfileRow, r: ProfileRow, level: float) -> dict[str, Any]:
-    seeds = [
-        k
-        for k in range(min(len(p.seeds), len(r.seeds)))
-        if is_finite(p.seeds[k]) and is_finite(r.seeds[k])
-    ]
-    diffs = [float(p.seeds[k]) - float(r.seeds[k]) for k in seeds]  # type: ignore[arg-type]
+    """The pair's differences over the seeds both scored (by seed number: a confirmation
+    seed pairs only with the same confirmation seed, never with a tuning seed)."""
+    ours = dict(zip(p.seed_ids, p.seeds, strict=True))
+    theirs = dict(zip(r.seed_ids, r.seeds, strict=True))
+    seeds = [k for k in sorted(ours.keys() & theirs.keys()) if is_finite(ours[k])]
+    seeds = [k for k in seeds if is_finite(theirs[k])]
+    diffs = [float(ours[k]) - float(theirs[k]) for k in seeds]  # type: ignore[arg-type]
     mean, low, high = _interval(diffs, level)
     return (
         {"variant": label}
@@ -304,6 +326,8 @@ def _pair(label: str, shape: Shape, p: ProfileRow, r: ProfileRow, level: float) 
             "ci_low": low,
             "ci_high": high,
             "verdict": _verdict(len(diffs), low, high),
+            "scored_on": CONFIRMATION if p.confirmed and r.confirmed else SELECTION,
+            "settings_chosen_from": [p.n_settings, r.n_settings],
             "trial": p.row.number,
             "reference_trial": r.row.number,
             "setting": p.setting,

@@ -15,7 +15,13 @@ from nas_service.results.rows import TrialRow, setting_key
 from nas_service.search.numbers import finite_or_none as _loss_or_none
 from nas_service.search.numbers import is_finite
 from nas_service.store import TrialOutcome, TrialStatus
-from nas_service.store.records import SettingRecord, TrainRun, TrialAttr, TrialRecord
+from nas_service.store.records import (
+    ConfirmRecord,
+    SettingRecord,
+    TrainRun,
+    TrialAttr,
+    TrialRecord,
+)
 from nas_service.store.trial_tables import StoredTrial
 
 STATE_NAMES = {
@@ -67,6 +73,7 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
         }
         for e in rec.settings or []
     ]
+    confirm = _confirm(rec.confirm)
     return TrialRow(
         number=t.number,
         state=STATE_NAMES[t.state],
@@ -84,7 +91,8 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
         trial_id=t.trial_id if isinstance(t, StoredTrial) else t._trial_id,
         setting=setting,
         settings=settings,
-        seeds=_seeds(seeds, train, setting, settings),
+        seeds=list(confirm["losses"]) if confirm else _seeds(seeds, train, setting, settings),
+        confirm=confirm,
         rungs=rec.rungs or [],
         waiting=rec.waiting,
         retry_of=rec.retry_of,
@@ -93,10 +101,27 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
     )
 
 
+def _confirm(value: Any) -> ConfirmRecord | None:
+    """The `confirm` attribute as written (None when absent or not of that shape)."""
+    if not isinstance(value, dict) or not isinstance(value.get("seeds"), list):
+        return None
+    seeds = [int(k) for k in value["seeds"] if isinstance(k, int) and not isinstance(k, bool)]
+    losses = value.get("losses")
+    losses = [_loss_or_none(v) for v in losses] if isinstance(losses, list) else []
+    if len(seeds) != len(value["seeds"]) or len(losses) != len(seeds):
+        return None
+    return {
+        "setting": {str(k): float(v) for k, v in (value.get("setting") or {}).items()},
+        "seeds": seeds,
+        "losses": losses,
+        "mean": _loss_or_none(value.get("mean")),
+    }
+
+
 def _seed_stats(seeds: Any) -> dict[str, float] | None:
     """The chosen setting's seed statistics (`val_loss_seeds`: mean, std, min, max), the
     finite ones; None when the trial has none."""
-    stats = {k: float(v) for k, v in seeds.items() if k != "values" and is_finite(v)}
+    stats = {k: float(v) for k, v in seeds.items() if k not in ("values", "seeds") and is_finite(v)}
     return stats or None
 
 

@@ -74,11 +74,15 @@ class ProfileRow:
 
     row: TrialRow  # the trial that trained it at `setting`
     setting: dict[str, float]
-    loss: float  # mean final validation loss over the seeds
+    loss: float  # mean final validation loss over the scoring seeds
     seeds: list[float | None]  # per-seed losses at `setting`, in seed order
     n_settings: int  # distinct settings this architecture was trained at (to a finite loss)
     n_trials: int  # trials of this architecture
     records: list[Record] = field(default_factory=list, repr=False)  # all of them
+    #: the number of each seed of `seeds`; whether they are held-out confirmation seeds
+    #: (the setting was chosen on others) or the seeds that chose it
+    seed_ids: list[int] = field(default_factory=list)
+    confirmed: bool = False
 
     @property
     def arch_key(self) -> tuple[Any, ...]:
@@ -115,6 +119,8 @@ class ProfileRow:
             "setting": self.setting,
             "val_loss": self.loss,
             "seeds": self.seeds,
+            "seed_ids": self.seed_ids,
+            "confirmed": self.confirmed,
             "n_settings": self.n_settings,
             "n_trials": self.n_trials,
         }
@@ -133,14 +139,25 @@ def _best(recs: Sequence[Record]) -> Record:
 
 
 def _profile_row(best: Record, recs: Sequence[Record]) -> ProfileRow:
+    """The architecture at its best setting, scored on its trial's confirmation seeds where
+    the job confirms (the setting chosen on the tuning seeds, measured on fresh ones), else
+    on the seeds that chose it."""
+    row = best.row
+    confirm = row.confirm
+    if confirm is not None and confirm["mean"] is not None:
+        setting, loss, seeds = dict(confirm["setting"]), confirm["mean"], confirm["losses"]
+    else:
+        setting, loss, seeds = best.setting, best.mean, best.losses
     return ProfileRow(
-        best.row,
-        best.setting,
-        best.mean,
-        best.losses,
+        row,
+        setting,
+        loss,
+        list(seeds),
         n_settings=len({r.setting_key for r in recs}),
         n_trials=len({r.row.number for r in recs}),
         records=list(recs),
+        seed_ids=list(confirm["seeds"]) if confirm is not None else list(range(len(seeds))),
+        confirmed=confirm is not None,
     )
 
 

@@ -191,12 +191,17 @@ class PairRead(BaseModel):
     d_model: int
     n_heads: int
     budget: float | None
-    seeds: list[int]
+    seeds: list[int]  # the paired seeds' numbers
     differences: list[float]  # variant − reference, per paired seed (negative: better)
     mean: float | None
     ci_low: float | None
     ci_high: float | None
     verdict: str  # better | worse | no_difference | undetermined
+    #: confirmation: held-out seeds (each setting chosen on others); selection: the seeds
+    #: that chose each setting
+    scored_on: str
+    #: the settings each side (variant, reference) chose its setting from
+    settings_chosen_from: list[int]
     trial: int
     reference_trial: int
     setting: dict[str, float]
@@ -227,6 +232,11 @@ class CompareRead(BaseModel):
     reference: str
     level: float
     method: str  # how the interval is computed
+    #: what the pairs are scored on: confirmation | selection | mixed (null: no pair)
+    scored_on: str | None
+    #: set when verdicts are scored on the seeds that chose among several settings (biased
+    #: toward the side with more settings)
+    warning: str | None
     pairs: list[PairRead]
     crossover: list[CrossoverRead]
     unmatched: list[dict[str, Scalar]]  # shapes of a variant the reference lacks (or the reverse)

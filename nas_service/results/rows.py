@@ -14,7 +14,7 @@ from nas_service.search.numbers import finite_or_none as _loss_or_none
 from nas_service.search.numbers import is_finite
 from nas_service.spec.space import encode_residual
 from nas_service.store import TrialOutcome, TrialStatus
-from nas_service.store.records import RungRecord, SettingRecord, TrainRun
+from nas_service.store.records import ConfirmRecord, RungRecord, SettingRecord, TrainRun
 
 #: A training setting as a hashable key (its items sorted).
 SettingKey = tuple[tuple[str, float], ...]
@@ -44,8 +44,12 @@ class TrialRow:
     setting: dict[str, float] = field(default_factory=dict)
     #: every setting tried: {"setting", "losses" (per seed, None where not finite), "mean"}
     settings: list[SettingRecord] = field(default_factory=list)
-    #: the chosen setting's final validation loss per seed, in seed order
+    #: the chosen setting's final validation loss per seed that scores it, in seed order:
+    #: the confirmation seeds where the job confirms (`confirm`), else the tuning seeds
     seeds: list[float | None] = field(default_factory=list)
+    #: held-out confirmation of the chosen setting (None: the job does not confirm, or the
+    #: trial has not reached it)
+    confirm: ConfirmRecord | None = None
     #: multi-fidelity: every rung trained ({rung, fraction, loss, promoted, ...}), and the
     #: rung the trial waits at for promotion (None: training, or done)
     rungs: list[RungRecord] = field(default_factory=list)
@@ -72,6 +76,18 @@ class TrialRow:
                 if setting_key(entry["setting"]) == chosen:
                     self.seeds = list(entry["losses"])
                     break
+
+    @property
+    def seed_ids(self) -> list[int]:
+        """The number of each seed of `seeds`: the confirmation seeds', else 0, 1, …"""
+        if self.confirm is not None:
+            return list(self.confirm["seeds"])
+        return list(range(len(self.seeds)))
+
+    @property
+    def confirmed(self) -> bool:
+        """Whether `seeds` are held-out confirmation seeds (not those that chose the setting)."""
+        return self.confirm is not None
 
     @property
     def variant(self) -> str:
@@ -127,6 +143,7 @@ class TrialRow:
             "setting": self.setting,
             "settings": self.settings,
             "seeds": self.seeds,
+            "confirm": self.confirm,
             "rungs": self.rungs,
             "waiting": self.waiting,
             "seed_stats": self.seed_stats,

@@ -16,9 +16,9 @@ import optuna
 
 from nas_service.search.pricing import Priced
 from nas_service.search.scheduler import Scheduler
-from nas_service.search.study import curve_rows, train_summary
+from nas_service.search.study import chosen_setting, curve_rows, train_summary
 from nas_service.spec import JobSpec
-from nas_service.store.records import RungRecord, SettingRecord, TrainRun
+from nas_service.store.records import ConfirmRecord, RungRecord, SettingRecord, TrainRun
 from workers.contract import EvalPoint, TrainResult
 
 
@@ -34,8 +34,10 @@ class Run:
 
 @dataclass
 class Flight:
-    """One trial in flight: its candidate, its plan of runs (every setting × every seed,
-    setting-major), the run being trained (`index` into `plan`) and what came back."""
+    """One trial in flight: its candidate, its plan of runs (every setting × every tuning
+    seed, setting-major; then, with `confirm` at the trial's last rung, the chosen setting
+    on each confirmation seed), the run being trained (`index` into `plan`) and what came
+    back."""
 
     job_id: str
     spec: JobSpec
@@ -58,9 +60,28 @@ class Flight:
     records: list[RungRecord] = field(default_factory=list)  # `rungs` of earlier rungs
 
     @property
+    def confirming(self) -> bool:
+        """Whether the flight ends with confirmation runs: the last rung of a job whose spec
+        has `confirm`."""
+        return self.spec.confirm is not None and self.last_rung
+
+    @property
     def plan(self) -> list[tuple[int, int]]:
-        """(setting, seed) of every run, in the order they are trained."""
-        return [(s, k) for s in range(len(self.settings)) for k in range(self.spec.seeds)]
+        """(setting, seed) of every run, in the order they are trained. A confirmation run's
+        setting is the one `chosen` on the tuning seeds (-1 until the tuning runs are done,
+        and when every setting diverged there: such a run is never trained); its seed is
+        numbered on from the tuning seeds."""
+        spec = self.spec
+        plan = [(s, k) for s in range(len(self.settings)) for k in range(spec.seeds)]
+        if self.confirming:
+            chosen = self.chosen() if self._tuned() else None
+            s = -1 if chosen is None else chosen
+            plan += [(s, spec.seeds + j) for j in range(spec.confirm_seeds)]
+        return plan
+
+    def is_confirmation(self) -> bool:
+        """Whether the run being trained is a confirmation run."""
+        return self.seed >= self.spec.seeds
 
     @property
     def setting(self) -> int:
@@ -79,7 +100,11 @@ class Flight:
         """The next run of the plan whose setting has not been given up, if any."""
         plan = self.plan
         return next(
-            (i for i in range(self.index + 1, len(plan)) if plan[i][0] not in self.given_up),
+            (
+                i
+                for i in range(self.index + 1, len(plan))
+                if plan[i][0] >= 0 and plan[i][0] not in self.given_up
+            ),
             None,
         )
 
@@ -101,20 +126,61 @@ class Flight:
             for r in self.runs
         ]
 
-    def table(self) -> list[SettingRecord]:
-        """The `settings` attribute: per setting, its seeds' final losses and their mean."""
+    def _losses(self) -> dict[tuple[int, int], float | None]:
+        """Each finished run's final loss by (setting, seed): None where not finite or
+        diverged."""
         losses: dict[tuple[int, int], float | None] = {}
         for r in self.runs:
             loss = r.result.final_val_loss
             ok = r.result.status != "diverged" and math.isfinite(loss)
             losses[r.setting, r.seed] = loss if ok else None
+        return losses
+
+    def table(self) -> list[SettingRecord]:
+        """The `settings` attribute: per setting, its tuning seeds' final losses and their
+        mean."""
+        losses = self._losses()
         rows: list[SettingRecord] = []
         for s, setting in enumerate(self.settings):
             seeds = [losses.get((s, k)) for k in range(self.spec.seeds)]
-            finite = [x for x in seeds if x is not None]
-            mean = statistics.fmean(finite) if len(finite) == len(seeds) else None
-            rows.append({"setting": setting, "losses": seeds, "mean": mean})
+            rows.append({"setting": setting, "losses": seeds, "mean": _mean(seeds)})
         return rows
+
+    def _tuned(self) -> bool:
+        """Whether every setting has finished its tuning seeds or was given up."""
+        losses, seeds = self._losses(), range(self.spec.seeds)
+        return all(
+            s in self.given_up or all((s, k) in losses for k in seeds)
+            for s in range(len(self.settings))
+        )
+
+    def chosen(self) -> int | None:
+        """The setting of lowest mean loss on the tuning seeds (the first of equal means;
+        None when every setting diverged or none has finished its seeds)."""
+        return chosen_setting(self.table())
+
+    def confirmation(self) -> ConfirmRecord | None:
+        """The `confirm` attribute: the chosen setting's final loss on each confirmation seed
+        (None where not finite, diverged, or not trained) and their mean (None unless every
+        one is finite). None without confirmation, or with no setting chosen."""
+        chosen = self.chosen() if self.confirming else None
+        if chosen is None:
+            return None
+        spec, losses = self.spec, self._losses()
+        seeds = [spec.seeds + j for j in range(spec.confirm_seeds)]
+        values = [losses.get((chosen, k)) for k in seeds]
+        return {
+            "setting": self.settings[chosen],
+            "seeds": seeds,
+            "losses": values,
+            "mean": _mean(values),
+        }
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """The mean of `values`, None when any is None."""
+    finite = [x for x in values if x is not None]
+    return statistics.fmean(finite) if finite and len(finite) == len(values) else None
 
 
 class Flights:

@@ -22,6 +22,13 @@ curve of s*'s seed 0. A diverged run gives its setting up (its remaining seeds a
 the trial is `diverged` when every setting was given up (with a single setting: its first
 diverged seed, as before a `tune` grid existed).
 
+Held-out confirmation (`confirm` in the spec): after the tuning runs, s* trains on the
+confirmation seeds k = seeds … seeds+confirm−1 (the same numbers in every trial, so they pair
+across variants), and those score the trial: `val_loss` is their mean, `val_loss_seeds` their
+statistics, `curve` the first one's, `confirm` the record (`store.records.ConfirmRecord`). A
+loss that chose s* never scores it. A confirmation run that diverges ends the trial
+`diverged` (the chosen setting is not stable); its remaining seeds are skipped.
+
 Multi-fidelity (`nas_service.search.scheduler`): a flight is one rung of its trial; each run
 is the scheduler's `run_of` the candidate's, and a rung below the last ends in `_pause`
 instead of a tell: the rung's record (loss and objective vector, as a finished
@@ -204,7 +211,8 @@ class Outcomes:
         run = flight.scheduler.run_of(
             base,
             flight.rung,
-            flight.first,
+            # a confirmation seed has no earlier rung to resume: it trains from the start
+            flight.rung if flight.is_confirmation() else flight.first,
             key,
             self.settings.artifact_store,
             self.settings.max_checkpoint_bytes,
@@ -295,8 +303,7 @@ class Outcomes:
             self._next_run(flight, following, train)
             return
         table = flight.table()
-        means = [(row["mean"], s) for s, row in enumerate(table) if row["mean"] is not None]
-        if not means:  # every setting diverged (recorded, never retried)
+        if flight.chosen() is None:  # every setting diverged (recorded, never retried)
             if flight.tuned:
                 reason = f"every one of {len(table)} settings diverged; the last: {result.reason}"
             else:
@@ -312,18 +319,43 @@ class Outcomes:
             )
             self.finish_run(flight, RunState.DIVERGED, reason)
             return
-        best = min(means, key=lambda m: m[0])[1]  # the first of equal means
-        losses = [x for x in table[best]["losses"] if x is not None]
+        best = flight.chosen()
+        assert best is not None  # some setting has a mean
+        confirm = flight.confirmation()
+        if confirm is not None and confirm["mean"] is None:  # a confirmation run diverged
+            pairs = zip(confirm["seeds"], confirm["losses"], strict=True)
+            k = next(k for k, x in pairs if x is None)
+            reason = (
+                f"the setting chosen on the tuning seeds diverged on confirmation seed {k}: "
+                f"{result.reason or 'no finite final loss'}"
+            )
+            attrs = TrialRecord(
+                train=train,
+                curve=curve_rows(result.curve),
+                setting=flight.settings[best],
+                settings=table,
+                confirm=confirm,
+            ).to_attrs()
+            self.tell(
+                flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
+            )
+            self.finish_run(flight, RunState.DIVERGED, reason)
+            return
+        # scored on the confirmation seeds where the job confirms, else on the tuning seeds
+        scored = confirm["seeds"] if confirm is not None else list(range(flight.spec.seeds))
+        losses = [x for x in (confirm or table[best])["losses"] if x is not None]
         stats = seed_statistics(losses)
-        first = next(r for r in flight.runs if r.setting == best and r.seed == 0)
+        first = next(r for r in flight.runs if r.setting == best and r.seed == scored[0])
         ratio = bpb_per_loss(first.result.final_val_bpb, first.result.final_val_loss)
         values = objective_values(flight.spec, stats["mean"], flight.priced.metrics, ratio)
+        seed_stats = stats | {"values": losses}
         record = TrialRecord(
             train=train,
             curve=curve_rows(first.result.curve),
             setting=flight.settings[best],
             settings=table,
-            seeds=stats | {"values": losses},
+            seeds=seed_stats if confirm is None else seed_stats | {"seeds": scored},
+            confirm=confirm,
             bpb=None if ratio is None else stats["mean"] * ratio,
             nulls=frozenset({TrialAttr.BPB}),
         )

@@ -34,7 +34,7 @@ from nas_service.spec import (
     CandidateSpace,
     JobSpec,
 )
-from nas_service.store.records import SeedStats, StudyAttr, TrainRun
+from nas_service.store.records import SeedStats, SettingRecord, StudyAttr, TrainRun
 from workers.contract import EvalPoint, TrainResult
 
 # user attributes the service writes on trials
@@ -155,14 +155,16 @@ def _tune_lists(spec: JobSpec, variant: str) -> dict[str, list[float]]:
 
 
 def runs_of(spec: JobSpec, variant: str) -> int:
-    """The training runs of one trial of `variant`: seeds × its `tune` settings."""
-    return spec.seeds * math.prod(len(v) for v in _tune_lists(spec, variant).values())
+    """The training runs of one trial of `variant`: seeds × its `tune` settings, then its
+    confirmation seeds."""
+    settings = math.prod(len(v) for v in _tune_lists(spec, variant).values())
+    return spec.seeds * settings + spec.confirm_seeds
 
 
 def runs_per_trial(spec: JobSpec) -> int:
-    """Training runs of one trained trial: seeds × the number of `tune` settings (at most:
-    a variant without depth-mixing parameters trains one `depth_lr_mult`)."""
-    return spec.seeds * spec.tune_size
+    """Training runs of one trained trial (`JobSpec.trial_runs`: at most, since a variant
+    without depth-mixing parameters trains one `depth_lr_mult`)."""
+    return spec.trial_runs
 
 
 def objective_values(
@@ -212,6 +214,13 @@ def train_summary(result: TrainResult) -> TrainRun:
 
 def curve_rows(points: list[EvalPoint]) -> list[list[float]]:
     return [[p.step, p.tokens, p.flops, p.val_loss] for p in points]
+
+
+def chosen_setting(table: list[SettingRecord]) -> int | None:
+    """The index of the setting of lowest mean loss (the first of equal means; None when no
+    setting has a mean): what a trial with a `tune` grid keeps."""
+    means = [(row["mean"], s) for s, row in enumerate(table) if row["mean"] is not None]
+    return min(means, key=lambda m: m[0])[1] if means else None
 
 
 def seed_statistics(losses: list[float]) -> SeedStats:

@@ -97,6 +97,7 @@ from nas_service.spec.stored import STORED, StoredSpec, parse_spec_stored, read_
 from nas_service.spec.training import (
     TRAINING_AXES,
     TRAINING_BOUNDS,
+    Confirm,
     FloatRange,
     TrainAxis,
     Training,
@@ -131,6 +132,7 @@ __all__ = [
     "Budget",
     "Candidate",
     "CandidateSpace",
+    "Confirm",
     "Constraint",
     "CorpusLocation",
     "CostContext",

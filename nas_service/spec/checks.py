@@ -160,6 +160,8 @@ def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
         errors.append(_over("max_concurrent", spec.max_concurrent, s.max_concurrent_trials))
     if spec.seeds > s.max_seeds:
         errors.append(_over("seeds", spec.seeds, s.max_seeds))
+    if spec.confirm_seeds > s.max_seeds:
+        errors.append(_over("confirm.seeds", spec.confirm_seeds, s.max_seeds))
     errors += _training_limits(spec, s)
     if spec.cluster not in s.clusters:
         errors.append(
@@ -214,8 +216,8 @@ def _limits(spec: JobSpec, settings: Settings) -> list[tuple[str, str]]:
 
 def _training_limits(spec: JobSpec, s: Settings) -> list[tuple[str, str]]:
     """The values of each training axis (joint choices and `tune` lists) and the training
-    runs of the job, n_trials × seeds × the product of the `tune` lists' lengths (counted,
-    never built)."""
+    runs of the job, n_trials × (seeds × the product of the `tune` lists' lengths + the
+    confirmation seeds) (counted, never built)."""
     errors: list[tuple[str, str]] = []
     lists = {f"training.{n}": v for n, v in spec.training.searched().items() if isinstance(v, list)}
     if spec.tune is not None:
@@ -226,7 +228,13 @@ def _training_limits(spec: JobSpec, s: Settings) -> list[tuple[str, str]]:
                 (field, f"{len(values)} values, over the limit of {s.max_axis_values} per axis")
             )
     if spec.runs > s.max_job_runs:
-        if spec.tune is not None:
+        if spec.confirm is not None:
+            field = "tune"
+            how = (
+                f"n_trials × (seeds × tune settings + confirm.seeds) = {spec.n_trials} × "
+                f"({spec.seeds} × {_fmt(spec.tune_size)} + {spec.confirm_seeds})"
+            )
+        elif spec.tune is not None:
             field = "tune"
             how = f"n_trials × seeds × tune settings = {spec.n_trials} × {spec.seeds} × "
             how += f"{_fmt(spec.tune_size)}"
@@ -280,9 +288,11 @@ def _candidate_limits(
         per_run = float(max(budgets))
     else:
         per_run = max(flops_for_tokens(a, int(max(budgets))) for _, a in archs)
-    job = spec.runs * per_run  # n_trials × seeds × tune settings × the largest run
+    job = spec.runs * per_run  # the job's training runs × the largest run
     if job > settings.max_job_flops:
         runs = "n_trials × seeds" + (" × tune settings" if spec.tune is not None else "")
+        if spec.confirm is not None:
+            runs = "n_trials × (seeds × tune settings + confirm.seeds)"
         errors.append(
             (
                 "budget",
@@ -297,15 +307,14 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     """What needs the settings and the cost model. Returns the valid candidates; raises
     `SpecError` for anything over the operator's limits (n_trials, budget, concurrency,
     seeds, the size of the space and of each axis (training axes and `tune` lists included),
-    the training runs of the job (n_trials × seeds × tune settings), depth, width, heads,
-    sequence length, batch size, threads, parameters per candidate, the estimated compute of
-    the job: runs × FLOPs of the largest run), an
-    unknown cluster, a corpus from outside the data folder, a space with no valid candidate,
-    or a budget too small for one optimizer step of the smallest candidate; with a `fidelity`
-    section, a first rung too small for one optimizer step, fewer steps than rungs (under
-    `reuse: checkpoint`) and an artifact store
-    (`settings.artifact_store`) that cannot be written, read and cleaned (checked last: it
-    may be remote).
+    the training runs of the job (n_trials × (seeds × tune settings + confirm.seeds)),
+    depth, width, heads, sequence length, batch size, threads, parameters per candidate, the
+    estimated compute of the job: runs × FLOPs of the largest run), an unknown cluster, a
+    corpus from outside the data folder, a space with no valid candidate, or a budget too
+    small for one optimizer step of the smallest candidate; with a `fidelity` section, a
+    first rung too small for one optimizer step, fewer steps than rungs (under `reuse:
+    checkpoint`) and an artifact store (`settings.artifact_store`) that cannot be written,
+    read and cleaned (checked last: it may be remote).
 
     Everything that can be checked arithmetically is checked before any candidate is built,
     so a hostile range costs nothing."""

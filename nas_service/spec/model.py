@@ -31,7 +31,7 @@ from nas_service.spec.fields import (
     _Strict,
 )
 from nas_service.spec.search_space import SearchSpace
-from nas_service.spec.training import FloatRange, Training, Tune
+from nas_service.spec.training import Confirm, FloatRange, Training, Tune
 
 LOSS = "val_loss"
 #: the validation loss in bits per UTF-8 byte of the validation text: comparable across
@@ -82,6 +82,7 @@ class JobSpec(_Strict):
     sampler_seed: int = Field(default=0, ge=0, le=MAX_SEED)
     training: Training = Field(default_factory=Training)
     tune: Tune | None = None
+    confirm: Confirm | None = None  # None: each trial is scored on the seeds that chose it
     cost: CostContext = Field(default_factory=CostContext)
     cluster: Text = Field(default=LOCAL_CLUSTER, min_length=1, max_length=MAX_CLUSTER_NAME)
     fidelity: Fidelity | None = None  # None: every candidate trains on its full budget
@@ -172,6 +173,34 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _confirmed(self) -> JobSpec:
+        """Confirmation re-measures a setting chosen from a `tune` grid: without a grid of
+        several settings nothing is chosen, and more seeds are `seeds`."""
+        if self.confirm is None:
+            return self
+        if self.tune is None:
+            _refuse(
+                [
+                    (
+                        ("confirm",),
+                        "confirmation needs a tune grid to choose each trial's setting from; "
+                        "without one, raise seeds instead",
+                    )
+                ]
+            )
+        elif self.tune.size() < 2:
+            _refuse(
+                [
+                    (
+                        ("confirm",),
+                        "tune lists a single setting, so nothing is chosen to confirm; list "
+                        "several values, or raise seeds instead",
+                    )
+                ]
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fidelity(self) -> JobSpec:
         """A fidelity section decides itself which candidates go on (no other pruner), and
         continuing from a checkpoint needs the WSD schedule, every non-final rung in its
@@ -222,9 +251,20 @@ class JobSpec(_Strict):
         return self.tune.size() if self.tune is not None else 1
 
     @property
+    def confirm_seeds(self) -> int:
+        """The fresh seeds each trial's chosen setting is confirmed on (0 without `confirm`)."""
+        return self.confirm.seeds if self.confirm is not None else 0
+
+    @property
+    def trial_runs(self) -> int:
+        """Training runs of one trial (at most: a variant without depth-mixing parameters
+        trains one `depth_lr_mult`): seeds × `tune_size`, then its confirmation seeds."""
+        return self.seeds * self.tune_size + self.confirm_seeds
+
+    @property
     def runs(self) -> int:
-        """Training runs of the whole job: n_trials × seeds × `tune_size`."""
-        return self.n_trials * self.seeds * self.tune_size
+        """Training runs of the whole job: n_trials × `trial_runs`."""
+        return self.n_trials * self.trial_runs
 
     @property
     def multi_objective(self) -> bool:

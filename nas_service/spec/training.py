@@ -1,6 +1,7 @@
 """How every candidate is trained (`Training`, whose fields are `TrainSpec`'s), the
 training axes that may be searched (`TRAINING_AXES`, their bounds, `FloatRange`,
-`TrainAxis`), the tokenizer, and the per-shape grid (`Tune`)."""
+`TrainAxis`), the tokenizer, the per-shape grid (`Tune`) and its held-out confirmation
+(`Confirm`)."""
 
 from __future__ import annotations
 
@@ -291,3 +292,14 @@ class Tune(_Strict):
     def size(self) -> int:
         """The number of settings: the product of the lists' lengths (counted, not built)."""
         return math.prod(len(v) for v in self.axes().values())
+
+
+class Confirm(_Strict):
+    """Held-out confirmation of each trial's chosen setting: a trial trains its `tune` grid on
+    the tuning seeds 0 … seeds−1, keeps the setting of lowest mean loss there, then trains
+    that one setting on `seeds` fresh seeds (numbered on from the tuning seeds, the same for
+    every trial, so they pair across variants). The trial's value, its profile, the optimum
+    and `compare` score it on these: a loss that chose the setting is never the one that
+    scores it, so a variant with more settings gets no more chances to look lucky."""
+
+    seeds: int = Field(ge=2, description="fresh seeds the chosen setting is trained on (≥ 2)")

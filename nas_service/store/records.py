@@ -35,7 +35,8 @@ class TrialAttr(enum.StrEnum):
     CURVE = "curve"  # the evaluation curve: [step, tokens, flops, val_loss] rows
     SETTING = "setting"  # the chosen training setting
     SETTINGS = "settings"  # per setting tried: `SettingRecord`s
-    SEEDS = "val_loss_seeds"  # the chosen setting's `SeedStats`
+    SEEDS = "val_loss_seeds"  # the chosen setting's `SeedStats` (of its scored seeds)
+    CONFIRM = "confirm"  # held-out confirmation of the chosen setting: a `ConfirmRecord`
     BPB = "val_bpb"  # the val_loss objective in bits per byte (None: no text)
     RUNGS = "rungs"  # multi-fidelity: per rung trained, a `RungRecord`
     WAITING = "waiting"  # the rung a trial waits at for promotion; None while it trains
@@ -91,14 +92,28 @@ class SettingRecord(TypedDict):
 
 
 class SeedStats(TypedDict):
-    """The chosen setting's final losses over seeds (`val_loss_seeds`): their statistics
-    and the values (the finite ones, in seed order)."""
+    """The chosen setting's final losses over the seeds that score it (`val_loss_seeds`:
+    the confirmation seeds where the job confirms, else the tuning seeds): their statistics,
+    the values (the finite ones, in seed order) and, with confirmation, the seeds' numbers."""
 
     mean: float
     std: float
     min: float
     max: float
     values: NotRequired[list[float]]
+    seeds: NotRequired[list[int]]
+
+
+class ConfirmRecord(TypedDict):
+    """Held-out confirmation (`confirm`): the setting chosen on the tuning seeds, the
+    confirmation seeds' numbers (numbered on from the tuning seeds, the same in every trial),
+    its final loss on each (None where not finite or diverged) and their mean (None when any
+    is None)."""
+
+    setting: dict[str, float]
+    seeds: list[int]
+    losses: list[float | None]
+    mean: float | None
 
 
 class RungRecord(TypedDict):
@@ -138,6 +153,7 @@ class TrialRecord:
     setting: dict[str, float] | None = None
     settings: list[SettingRecord] | None = None
     seeds: SeedStats | None = None
+    confirm: ConfirmRecord | None = None
     bpb: float | None = None
     rungs: list[RungRecord] | None = None
     waiting: int | None = None
@@ -244,6 +260,17 @@ class SettingRead(BaseModel):
     mean: float | None
 
 
+class ConfirmRead(BaseModel):
+    """Held-out confirmation: the setting chosen on the tuning seeds, the confirmation seeds'
+    numbers, its final validation loss on each (null where not finite or diverged) and their
+    mean (null when any is null). The trial's value, profile and comparisons use these."""
+
+    setting: dict[str, float]
+    seeds: list[int]
+    losses: list[float | None]
+    mean: float | None
+
+
 class TrialRead(BaseModel):
     """One Optuna trial of a job: its parameters, architecture, metrics and outcome."""
 
@@ -264,8 +291,13 @@ class TrialRead(BaseModel):
     setting: dict[str, float] = Field(default_factory=dict)
     #: every setting tried, with its per-seed losses
     settings: list[SettingRead] = Field(default_factory=list)
-    #: the chosen setting's final validation loss per seed (index = seed)
+    #: the chosen setting's final validation loss per seed that scores it: the confirmation
+    #: seeds (`confirm.seeds` numbers them) where the job confirms, else the tuning seeds
+    #: (index = seed)
     seeds: list[float | None] = Field(default_factory=list)
+    #: held-out confirmation of the chosen setting (null: the job does not confirm, or the
+    #: trial has not reached it)
+    confirm: ConfirmRead | None = None
     #: multi-fidelity: every rung trained, and the rung it waits at (null: training or done)
     rungs: list[RungRead] = Field(default_factory=list)
     waiting: int | None = None

@@ -496,3 +496,44 @@ def test_two_optima_close_together_are_labelled_apart(tmp_path: Path, watched: W
     assert not overlap(boxes[0], boxes[1]), boxes
     for _, x, y, w, h in boxes:
         assert x >= 0 and y >= 0 and x + w <= size[0] and y + h <= size[1], (boxes, size)
+
+
+def test_a_confirmed_job_shows_its_confirmation_runs(tmp_path: Path, watched: Watched) -> None:
+    """A job with held-out confirmation (replayed on the simulated backend into the service's
+    database): the comparison says it is scored on the confirmation seeds, and a trial's
+    detail lists every run it trained, its tuning runs and its confirmation runs apart."""
+    from nas_service.jobs import submit
+    from nas_service.runner.loop import Runner
+    from nas_service.runner.simulated import SimulatedBackend
+    from tests.runner.test_confirmation import CONFIRMED, LANDSCAPE
+    from tests.support.jobs import setup
+
+    service = start_service(tmp_path, runner=False)
+    try:
+        settings, Session = setup(service.db_url)
+        job = submit(Session, settings, CONFIRMED)
+        Runner(settings, backend=SimulatedBackend(LANDSCAPE, 2)).run(poll_s=0, timeout_s=120)
+        page = watched.page
+        login(watched, service)
+        page.wait_for_selector("#jobs-table")
+        page.goto(f"{service.url}/#/job/{job.id}")
+        page.wait_for_function(
+            "() => document.getElementById('compare-notes').textContent"
+            ".includes('held-out confirmation seeds')"
+        )
+        assert page.locator("#compare-warning").count() == 0
+        runs_line = page.inner_text("#job-runs")
+        assert page.inner_text("#banner") == ""  # no error on the way
+        page.locator("#trials tbody tr").first.click()
+        page.wait_for_selector("#trial-runs")
+        runs = page.inner_text("#trial-runs")
+        detail = page.inner_text("#trial-detail")
+        watched.shot("11-confirmation")
+    finally:
+        terminate_session(service.proc)
+    phases = [line.split("\t")[0] for line in runs.splitlines()[1:]]
+    assert phases.count("confirmation") == 2 and phases[-2:] == ["confirmation"] * 2, runs
+    assert set(phases[:-2]) == {"tuning"}, runs
+    assert "held-out confirmation seeds 1, 2" in detail
+    # 4 baseline trials × (3 settings + 2) + 8 AttnRes trials × (9 settings + 2)
+    assert runs_line == "108/108 (1 seed per setting, 2 seeds to confirm the chosen one)"

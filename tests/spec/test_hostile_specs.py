@@ -276,6 +276,30 @@ TRAINING_PARSE_CASES = [
         "tune.depth_lr_mult",
         "none of the variants (baseline) has depth-mixing parameters",
     ),
+    (
+        "confirm-one-seed",
+        with_(("tune", {"lr": [1e-3, 3e-3]}), ("confirm", {"seeds": 1})),
+        "confirm.seeds",
+        "greater than or equal to 2",
+    ),
+    (
+        "confirm-without-tune",
+        with_(("confirm", {"seeds": 4})),
+        "confirm",
+        "confirmation needs a tune grid",
+    ),
+    (
+        "confirm-a-single-setting",
+        with_(("tune", {"lr": [1e-3]}), ("confirm", {"seeds": 4})),
+        "confirm",
+        "tune lists a single setting",
+    ),
+    (
+        "confirm-unknown-key",
+        with_(("tune", {"lr": [1e-3, 3e-3]}), ("confirm", {"seeds": 4, "level": 0.9})),
+        "confirm.level",
+        "Extra inputs are not permitted",
+    ),
 ]
 PARSE_CASES += TRAINING_PARSE_CASES
 #: A multi-fidelity section that passes (under the WSD schedule), and its hostile variants.
@@ -638,6 +662,32 @@ TRAINING_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]]
         {"max_budget_flops": 1e21},
         "budget",
         "n_trials × seeds × tune settings × 1e+21 FLOPs = 2e+24 FLOPs",
+    ),
+    (
+        "confirm-seeds-over-the-limit",
+        with_(("tune", {"lr": [1e-3, 3e-3]}), ("confirm", {"seeds": 9})),
+        {"max_seeds": 5},
+        "confirm.seeds",
+        "9 is over the limit of 5",
+    ),
+    (
+        "confirm-runs-count-against-the-job",
+        with_(("n_trials", 100), ("tune", {"lr": [1e-3, 3e-3]}), ("confirm", {"seeds": 4})),
+        {"max_job_runs": 500},
+        "tune",
+        "100 × (1 × 2 + 4) = 600 training runs, over the limit of 500 per job",
+    ),
+    (
+        "confirm-compute-counts-against-the-job",
+        with_(
+            ("budget", {"flops": 1e21}),
+            ("n_trials", 1000),
+            ("tune", {"lr": [1e-3, 3e-3]}),
+            ("confirm", {"seeds": 3}),
+        ),
+        {"max_budget_flops": 1e21},
+        "budget",
+        "n_trials × (seeds × tune settings + confirm.seeds) × 1e+21 FLOPs = 5e+24 FLOPs",
     ),
 ]
 CHECK_CASES += TRAINING_CHECK_CASES

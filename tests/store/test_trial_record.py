@@ -15,6 +15,8 @@ from nas_service.results.answers import _row
 from nas_service.search.study import train_summary
 from nas_service.store.records import (
     SHOWN_AS,
+    ConfirmRead,
+    ConfirmRecord,
     RungRead,
     RungRecord,
     SeedStats,
@@ -70,8 +72,21 @@ def _full_record() -> TrialRecord:
         "rung": 0,
         "curve": [[10.0, 1280.0, 1e9, 3.5]],
     }
-    stats: SeedStats = {"mean": 3.5, "std": 0.0, "min": 3.5, "max": 3.5, "values": [3.5]}
+    stats: SeedStats = {
+        "mean": 3.5,
+        "std": 0.1,
+        "min": 3.4,
+        "max": 3.6,
+        "values": [3.6, 3.4],
+        "seeds": [1, 2],
+    }
     settings: list[SettingRecord] = [{"setting": setting, "losses": [3.5], "mean": 3.5}]
+    confirm: ConfirmRecord = {
+        "setting": setting,
+        "seeds": [1, 2],
+        "losses": [3.6, 3.4],
+        "mean": 3.5,
+    }
     rung: RungRecord = {
         "rung": 0,
         "fraction": 1.0,
@@ -92,6 +107,7 @@ def _full_record() -> TrialRecord:
         setting=setting,
         settings=settings,
         seeds=stats,
+        confirm=confirm,
         bpb=1.2,
         rungs=[rung],
         waiting=0,
@@ -154,6 +170,7 @@ def test_the_read_schema_shows_every_field_the_runner_writes() -> None:
         (TrainRun, TrainRunRead),
         (RungRecord, RungRead),
         (SettingRecord, SettingRead),
+        (ConfirmRecord, ConfirmRead),
     ):
         missing = set(typing.get_type_hints(record)) - set(read.model_fields)
         assert missing == set(), (record.__name__, missing)
@@ -174,7 +191,10 @@ def test_the_api_shows_a_full_record() -> None:
     assert {k: run[k] for k in record.train[0]} == record.train[0]
     assert read.metrics["val_bpb"] == record.bpb and read.metrics["params"] == 1000.0
     assert read.lost is False and read.retry_of == 3 and read.suspect == 1
-    assert read.seed_stats == {k: v for k, v in record.seeds.items() if k != "values"}
-    assert read.seeds == [3.5] and read.waiting == 0
+    shown = {k: v for k, v in record.seeds.items() if k not in ("values", "seeds")}
+    assert read.seed_stats == shown
+    # scored on the confirmation seeds, which the confirmation names
+    assert read.seeds == [3.6, 3.4] and read.waiting == 0
+    assert read.confirm is not None and read.confirm.model_dump() == record.confirm
     assert read.rungs[0].model_dump() == record.rungs[0]  # type: ignore[index]
     assert not math.isnan(read.train[0].final_val_bpb or math.nan)

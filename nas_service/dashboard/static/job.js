@@ -219,8 +219,12 @@ export function jobView(id) {
       const answer = await api(`${base}/compare${query({ reference })}`);
       if (stopped) return;
       drawCompare($("#chart-compare"), answer.crossover, reference);
+      const scored = answer.scored_on === "confirmation"
+        ? "scored on held-out confirmation seeds"
+        : answer.scored_on ? `scored on ${answer.scored_on} seeds` : "";
       notes.replaceChildren(...answer.crossover.map((c) => el("li", {}, el("b", {}, c.variant), `: ${c.message}`)),
-        el("li", {}, `${answer.pairs.length} matched shapes; ${answer.method}`));
+        el("li", {}, `${answer.pairs.length} matched shapes; ${answer.method}${scored ? `; ${scored}` : ""}`),
+        ...(answer.warning ? [el("li", { class: "warn", id: "compare-warning" }, answer.warning)] : []));
     } catch (exc) {
       if (!(exc instanceof ApiError) || exc.status === 401) throw exc;
       notes.replaceChildren(el("li", {}, exc.message));

@@ -18,10 +18,13 @@ export function computeText(job) {
   return `${compute(c.spent, c.kind)} of ${compute(c.budget, c.kind)} (${(100 * c.fraction).toFixed(0)}%)`;
 }
 
-/** Training runs (settings × seeds of each trial) done, of the job's, and its seeds. */
+/** Training runs (settings × seeds of each trial, then its confirmation seeds) done, of the
+ * job's, and its seeds. */
 export function runsText(job) {
   const seeds = job.spec.seeds || 1;
-  return `${job.progress.runs_done}/${job.progress.runs_total} (${seeds} seed${seeds === 1 ? "" : "s"} per setting)`;
+  const plural = (n) => `${n} seed${n === 1 ? "" : "s"}`;
+  const confirm = job.spec.confirm ? `, ${plural(job.spec.confirm.seeds)} to confirm the chosen one` : "";
+  return `${job.progress.runs_done}/${job.progress.runs_total} (${plural(seeds)} per setting${confirm})`;
 }
 
 export const ACTIVE = new Set(["pending", "running"]);
@@ -36,7 +39,9 @@ export async function cancel(id) {
 
 export function jobsView() {
   view.append($("#tpl-jobs").content.cloneNode(true));
+  // held from the start: a refresh in flight when the view is left updates these, detached
   const body = $("#jobs-table tbody");
+  const empty = $("#jobs-empty");
   const text = $("#spec-text");
   $("#spec-file").addEventListener("change", async (event) => {
     const file = event.target.files[0];
@@ -48,7 +53,7 @@ export function jobsView() {
   const rows = new Map();
   async function refresh() {
     const jobs = await api("/v1/jobs?limit=200");
-    $("#jobs-empty").hidden = jobs.total > 0;
+    empty.hidden = jobs.total > 0;
     body.replaceChildren(...jobs.items.map((job) => {
       const shown = [job.name, job.status, progressText(job), computeText(job), ACTIVE.has(job.status) ? duration(job.eta_s) : "–"];
       const sig = JSON.stringify(shown);
