@@ -323,3 +323,30 @@ def test_side_by_side_reads_nested_figures_and_fails_a_slower_commit() -> None:
     assert sbs.verdict(0.96, "higher", 0.05) == "ok"
     assert sbs.verdict(0.94, "higher", 0.05) == "WORSE"
     assert sbs.verdict(None, "lower", 0.05) == "n/a"
+
+
+def test_regime_bench_runs(tmp_path: Path) -> None:
+    """The regime sweep runs a job through a local service and reads its answers back: its
+    parameters and tokens per parameter, each variant's optimum, the front, and the job as a
+    landscape."""
+    out = tmp_path / "out"
+    report = tmp_path / "regime.json"
+    run = run_bench(
+        "bench/regime.py",
+        "--regimes",
+        "smoke",
+        "--out",
+        str(out),
+        "--export",
+        str(tmp_path / "landscapes"),
+        "--json",
+        str(report),
+    )
+    assert "smoke" in run.stdout and "tok/param" in run.stdout
+    [row] = json.loads(report.read_text())
+    assert row["status"] == "completed" and row["runs"] == 4
+    assert 1e4 < row["params"] < 4e4 and row["tokens_per_param"] > 0
+    assert {f["variant"] for f in row["fits"]} == {"baseline", "block_attnres"}
+    assert row["front"] >= 1
+    landscape = json.loads((tmp_path / "landscapes" / "smoke.json").read_text())
+    assert landscape["format"] == "depthscope-landscape" and len(landscape["trials"]) == 4
