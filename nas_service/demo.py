@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -83,6 +84,55 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def _fit_text(fit: dict[str, Any]) -> str:
+    ratio = f"d_model/L_b ≈ {fit['optimum_ratio']:.0f}"
+    if fit.get("ci_low") is not None and fit.get("ci_high") is not None:
+        ratio += f" (90% interval {fit['ci_low']:.0f}–{fit['ci_high']:.0f})"
+    best = fit.get("best_observed") or {}
+    if best:
+        ratio += f", best trained shape L_b = {best['n_layers']}, d_model = {best['d_model']}"
+    return ratio
+
+
+def answer_line(fits: list[dict[str, Any]], reference: str = "baseline") -> str:
+    """What the job's optima mean for the user, in a sentence or two: the reference's best
+    shape at this budget, and where each other variant moves it (deeper and narrower is a
+    smaller d_model/L_b), or why no shape can be named."""
+    ref = next((f for f in fits if f["variant"] == reference), None)
+    if ref is None:
+        return f"no fit of {reference}: nothing to compare against"
+    if ref["verdict"] != "ok" or ref["optimum_ratio"] is None:
+        return (
+            f"At this budget the {reference} optimum cannot be placed inside the explored "
+            f"shapes ({ref['verdict']}): {ref['message']}"
+        )
+    lines = [f"At this budget the best {reference} shape is {_fit_text(ref)}."]
+    for fit in fits:
+        if fit is ref:
+            continue
+        name = fit["variant"]
+        if fit["verdict"] != "ok" or fit["optimum_ratio"] is None:
+            lines.append(f"{name}: no interior optimum ({fit['verdict']}).")
+            continue
+        factor = ref["optimum_ratio"] / fit["optimum_ratio"]
+        way = "deeper and narrower" if factor > 1 else "shallower and wider"
+        overlap = (
+            None not in (fit.get("ci_low"), fit.get("ci_high"), ref.get("ci_low"))
+            and fit["ci_low"] <= ref["ci_high"]
+            and ref["ci_low"] <= fit["ci_high"]
+        )
+        verdict = (
+            "the intervals overlap, so this job does not separate the two"
+            if overlap
+            else "the intervals do not overlap"
+        )
+        lines.append(
+            f"{name} moves it {way}, to {_fit_text(fit)} ({max(factor, 1 / factor):.2f}× "
+            f"{'smaller' if factor > 1 else 'larger'} d_model/L_b; {verdict})."
+        )
+    return " ".join(lines)
+
+
 def _main_job(url: str, spec_path: Path, out: Path) -> int:
     """Submit the spec, follow it, print its answers and write the plots."""
     spec = yaml.safe_load(spec_path.read_text())
@@ -106,6 +156,9 @@ def _main_job(url: str, spec_path: Path, out: Path) -> int:
         cli([*pareto, "--plot", str(out / "pareto.png")])
         print()
     cli(["optimum", job["id"], "--url", url, "--plot", str(out / "optimum.png")])
+    fits = httpx.get(f"{url}/v1/jobs/{job['id']}/optimum", timeout=120).json()["fits"]
+    print()
+    print(answer_line(fits))
     variants = spec.get("space", {}).get("variants", ["baseline"])
     if len(variants) > 1 and "baseline" in variants:
         print()
