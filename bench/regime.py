@@ -62,6 +62,17 @@ REGIMES: dict[str, dict[str, Any]] = {
         "training.batch_size": 4,
         "tune.lr": [0.01, 0.02],
     },
+    # as p30k-25tpp at less compute: about 17 tokens per parameter
+    "p30k-17tpp": {
+        "space.params_target.params": 3.2e4,
+        "space.head_dim": 4,
+        "space.n_layers": [1, 2, 3, 4, 6],
+        "n_trials": 10,
+        "budget.flops": 1.0e11,
+        "training.seq_len": 128,
+        "training.batch_size": 4,
+        "tune.lr": [0.01, 0.02],
+    },
     # as p30k-25tpp, one learning rate per shape fewer: half the runs
     "p30k-25tpp-1lr": {
         "space.params_target.params": 3.2e4,

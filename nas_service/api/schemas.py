@@ -38,6 +38,7 @@ from nas_service.results.reads import CalibrationRead as CalibrationRead
 from nas_service.results.reads import CalibrationSkipRead as CalibrationSkipRead
 from nas_service.results.reads import CompareRead as CompareRead
 from nas_service.results.reads import Compute as Compute
+from nas_service.results.reads import ConfirmRead as ConfirmRead
 from nas_service.results.reads import CrossoverRead as CrossoverRead
 from nas_service.results.reads import CrossValidationRead as CrossValidationRead
 from nas_service.results.reads import CurveRead as CurveRead

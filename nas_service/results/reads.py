@@ -12,6 +12,7 @@ import datetime as dt
 from pydantic import BaseModel, Field, field_validator
 
 from nas_service.spec import JobSpec
+from nas_service.store.records import ConfirmRead as ConfirmRead
 from nas_service.store.records import LandscapeJobRead as LandscapeJobRead
 from nas_service.store.records import LandscapeRead as LandscapeRead
 from nas_service.store.records import RungRead as RungRead
