@@ -152,3 +152,43 @@ def test_a_chosen_setting_that_diverges_on_confirmation_ends_the_trial(tmp_path:
     assert t.user_attrs["confirm"]["losses"] == [None, None]
     others = [u for u in counted(study_of(url, job)) if u.number != t.number]
     assert all(u.state == TrialState.COMPLETE for u in others)
+
+
+WSD = load_landscape(ROOT / "bench" / "landscapes" / "crossover_wsd.json")
+
+
+def test_multi_fidelity_confirms_at_the_last_rung_only(tmp_path: Path) -> None:
+    """Rungs of a third and all of the budget, resumed from checkpoints: a trial confirms
+    its chosen setting only at the last rung, each confirmation seed trained from the start
+    (it has no earlier rung to resume), and is scored on those seeds; a trial stopped at the
+    first rung has no confirmation."""
+    spec = WSD.job.spec.model_dump(mode="json") | {
+        "name": "wsd-confirmed",
+        "confirm": {"seeds": 2},
+        "fidelity": {"rungs": [1 / 3, 1], "reduction": 3, "reuse": "checkpoint"},
+    }
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    settings, Session = setup(url, artifact_store=str(tmp_path / "artifacts"))
+    job = submit(Session, settings, spec)
+    backend = SimulatedBackend(WSD, 2)
+    Runner(settings, backend=backend).run(poll_s=0, timeout_s=300)
+    trials = counted(study_of(url, job))
+    finished = [t for t in trials if t.state == TrialState.COMPLETE]
+    stopped = [t for t in trials if t.state == TrialState.PRUNED]
+    assert finished and stopped
+    for t in stopped:
+        assert "confirm" not in t.user_attrs
+        assert all(e["seed"] == 0 for e in t.user_attrs["train"])
+    for t in finished:
+        train = t.user_attrs["train"]
+        confirm = t.user_attrs["confirm"]
+        assert confirm["seeds"] == [1, 2] and confirm["setting"] == t.user_attrs["setting"]
+        last = [e for e in train if e["rung"] == 1]
+        assert [e["seed"] for e in last][-2:] == [1, 2]
+        assert all(e["rung"] == 0 for e in train if e not in last)
+        budget = spec["budget"]["flops"]
+        resumed = [e for e in last if e["seed"] == 0]
+        assert all(e["flops_spent"] < 0.7 * budget for e in resumed)  # the last two thirds
+        for e in last[-2:]:  # from the start: the whole budget, not the last rung's segment
+            assert e["flops_spent"] == pytest.approx(budget, rel=0.01)
+        assert t.values == [pytest.approx(confirm["mean"])]
