@@ -4,14 +4,16 @@ shared machine falls on both), and the table gives each figure's median per side
 median of the per-round ratios new/base.
 
     python bench/side_by_side.py --base REF [--new REF] [--rounds 3]
-        [--benches scale,dashboard,load] [--json FILE]
+        [--benches scale,dashboard,load,service] [--json FILE]
 
 Each commit is checked out in a temporary `git worktree` (detached, removed afterwards) and
 its own `bench/*.py` runs with that tree first on `PYTHONPATH`, under this interpreter. The
 figures are the ones the issue on the service's layout asks to hold within 5%:
 `bench/scale.py` (runner overhead per trial and worker utilisation at 500 simulated workers,
 PostgreSQL), `bench/dashboard.py` (the first chart with 10,000 stored trials, headless
-Chromium), `bench/load.py` (p95 latency per route under 50 polling clients while jobs train).
+Chromium), `bench/load.py` (p95 latency per route under 50 polling clients while jobs train), and
+`bench/service.py` (the read side alone with 10,000 stored trials: the first read of the
+table, a Pareto front after new trials, a trials page).
 A figure whose direction is "lower" passes when its ratio is ≤ 1 + tolerance; "higher" when
 ≥ 1 − tolerance."""
 
@@ -57,6 +59,18 @@ BENCHES = {
             ("polls.status.p95_ms", "lower"),
             ("polls.trials.p95_ms", "lower"),
             ("polls.pareto.p95_ms", "lower"),
+        ),
+    ),
+    # the read side alone, without training beside it: 10,000 stored trials, no polling
+    # crowd, so a change in what a read costs shows above the noise of `load`
+    "service": Bench(
+        "service",
+        ("bench/service.py", "--trials", "10000", "--calls", "30"),
+        (
+            ("results.sqlite.latency_ms.pareto_after_new_trial.p95", "lower"),
+            ("results.sqlite.cold_load_ms", "lower"),
+            ("results.sqlite.latency_ms.pareto.p95", "lower"),
+            ("results.sqlite.latency_ms.trials_page.p95", "lower"),
         ),
     ),
 }
