@@ -10,7 +10,7 @@ parameters and training tokens per parameter, the job's wall time, each variant'
 (verdict, d_model/L_b, 90% interval), and the size of the front. `--export DIR` writes each
 job as a landscape (`DIR/<regime>.json`); `--json FILE` the table with every spec.
 
-    python bench/regime.py [--regimes quick small-20tpp ...] [--out out/regime]
+    python bench/regime.py [--regimes p30k-25tpp p30k-17tpp ...] [--out out/regime]
         [--export bench/landscapes/regime] [--json FILE]
 """
 
@@ -39,8 +39,9 @@ BASE = ROOT / "examples" / "quick.yaml"
 #: Each regime: the fields of the main job's spec it replaces (dotted paths; n_trials is the
 #: grid's size: shapes × variants).
 REGIMES: dict[str, dict[str, Any]] = {
-    # the main job as it ships (the p30k-25tpp regime below, chosen by this sweep)
-    "quick": {},
+    # the main job as it ships, chosen by this sweep: ~34k parameters, 1.4e11 FLOPs (about
+    # 15 training tokens per parameter), 5 shapes, each at lr 0.01 and 0.02
+    "p30k-25tpp": {},
     # the main job before: ~150k parameters, 4e11 FLOPs (about 3 tokens per parameter)
     "p150k-3tpp": {
         "space.params_target.params": 1.5e5,
@@ -52,50 +53,17 @@ REGIMES: dict[str, dict[str, Any]] = {
         "training.batch_size": 8,
         "tune.lr": [0.003, 0.006],
     },
-    # the same compute on fewer parameters: about 20 tokens per parameter
+    # more parameters and compute, one shape deeper
     "p40k-20tpp": {
         "space.params_target.params": 4.0e4,
-        "space.head_dim": 4,
         "space.n_layers": [1, 2, 3, 4, 6, 8],
+        "n_trials": 12,
         "budget.flops": 2.0e11,
-        "training.seq_len": 128,
-        "training.batch_size": 4,
-        "tune.lr": [0.01, 0.02],
     },
-    # smaller still, more tokens per parameter, at less compute
-    "p30k-25tpp": {
-        "space.params_target.params": 3.2e4,
-        "space.head_dim": 4,
-        "space.n_layers": [1, 2, 3, 4, 6],
-        "n_trials": 10,
-        "budget.flops": 1.4e11,
-        "training.seq_len": 128,
-        "training.batch_size": 4,
-        "tune.lr": [0.01, 0.02],
-    },
-    # as p30k-25tpp at less compute: about 17 tokens per parameter
-    "p30k-17tpp": {
-        "space.params_target.params": 3.2e4,
-        "space.head_dim": 4,
-        "space.n_layers": [1, 2, 3, 4, 6],
-        "n_trials": 10,
-        "budget.flops": 1.0e11,
-        "training.seq_len": 128,
-        "training.batch_size": 4,
-        "tune.lr": [0.01, 0.02],
-    },
-    # as p30k-25tpp, one learning rate per shape fewer: half the runs
-    "p30k-25tpp-1lr": {
-        "space.params_target.params": 3.2e4,
-        "space.head_dim": 4,
-        "space.n_layers": [1, 2, 3, 4, 6],
-        "n_trials": 10,
-        "budget.flops": 1.4e11,
-        "training.seq_len": 128,
-        "training.batch_size": 4,
-        "tune": None,
-        "training.lr": 0.015,
-    },
+    # the main job at less compute
+    "p30k-17tpp": {"budget.flops": 1.0e11},
+    # the main job at one learning rate shared by every shape: half the runs
+    "p30k-25tpp-1lr": {"tune": None, "training.lr": 0.015},
     # a few seconds: what the benchmark's test runs (too few shapes to fit an optimum)
     "smoke": {
         "space.params_target.params": 2.0e4,
@@ -184,7 +152,7 @@ def _fit_text(fit: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = [r for r in REGIMES if r not in ("smoke", "quick")]
+    default = [r for r in REGIMES if r != "smoke"]
     parser.add_argument("--regimes", nargs="+", default=default, choices=list(REGIMES))
     parser.add_argument("--out", type=Path, default=Path("out/regime"))
     parser.add_argument("--export", type=Path, default=None)
