@@ -46,6 +46,7 @@ seeds nor that of the best setting, which is what the trial's value is."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -308,16 +309,8 @@ class Outcomes:
                 reason = f"every one of {len(table)} settings diverged; the last: {result.reason}"
             else:
                 reason = result.reason or "no finite final loss"
-            attrs = TrialRecord(
-                train=train,
-                curve=curve_rows(result.curve),
-                setting=None if flight.tuned else flight.settings[0],
-                settings=table,
-            ).to_attrs()
-            self.tell(
-                flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
-            )
-            self.finish_run(flight, RunState.DIVERGED, reason)
+            setting = None if flight.tuned else flight.settings[0]
+            self._diverged(flight, reason, TrialRecord(setting=setting, settings=table))
             return
         best = flight.chosen()
         assert best is not None  # some setting has a mean
@@ -329,17 +322,8 @@ class Outcomes:
                 f"the setting chosen on the tuning seeds diverged on confirmation seed {k}: "
                 f"{result.reason or 'no finite final loss'}"
             )
-            attrs = TrialRecord(
-                train=train,
-                curve=curve_rows(result.curve),
-                setting=flight.settings[best],
-                settings=table,
-                confirm=confirm,
-            ).to_attrs()
-            self.tell(
-                flight.study, trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
-            )
-            self.finish_run(flight, RunState.DIVERGED, reason)
+            record = TrialRecord(setting=flight.settings[best], settings=table, confirm=confirm)
+            self._diverged(flight, reason, record)
             return
         # scored on the confirmation seeds where the job confirms, else on the tuning seeds
         scored = confirm["seeds"] if confirm is not None else list(range(flight.spec.seeds))
@@ -386,6 +370,18 @@ class Outcomes:
                 return
         self.tell(flight.study, trial, TrialOutcome.COMPLETED, "", values=values, attrs=attrs)
         self.finish_run(flight, RunState.COMPLETED, "")
+
+    def _diverged(self, flight: Flight, reason: str, record: TrialRecord) -> None:
+        """Conclude the flight's trial diverged (recorded, never retried): `record` with every
+        run so far and the last run's curve."""
+        last = flight.runs[-1].result
+        attrs = dataclasses.replace(
+            record, train=flight.summaries(), curve=curve_rows(last.curve)
+        ).to_attrs()
+        self.tell(
+            flight.study, flight.trial, TrialOutcome.DIVERGED, reason, TrialState.FAIL, attrs=attrs
+        )
+        self.finish_run(flight, RunState.DIVERGED, reason)
 
     def _pause(self, flight: Flight, attrs: dict[str, Any], loss: float) -> None:
         """A rung below the last is done: the trial keeps its record and waits for promotion
