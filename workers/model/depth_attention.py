@@ -27,8 +27,9 @@ batch, as the training forward does (on one CPU thread: several threads split sm
 by position, which no model code controls). Two kinds of CPU kernel break it, and the
 inference paths avoid both: a matrix-vector product (one query against the rows, or one
 query's row of a product with the rows on the columns) takes a different code path by a row's
-offset, where a per-row dot product (`vecdot`) or a matrix product with the rows as its rows
-and several queries does not; and `softplus` and `sigmoid` compute a vector's tail in scalar
+offset, and so does a matrix product with the rows as its rows and a few queries as its
+columns (on AVX-512 its kernel treats the rows of a tail block apart), where a per-row dot
+product (`vecdot`) does not; and `softplus` and `sigmoid` compute a vector's tail in scalar
 code that rounds differently, where `logsigmoid` and `exp` do not (softplus(t) =
 −logsigmoid(−t), σ(t) = exp(logsigmoid(t))). Measured on a CPU with `torch` 2.x: without
 these, a sequence's fp32 logits moved by up to ~1e−6 with its row in the batch.
@@ -243,8 +244,8 @@ def _phase1(
     S = queries.shape[0]
     V = upcast(torch.stack(values, dim=2).reshape(B * T, n, d))
     R = torch.stack(scales, dim=-1).reshape(B * T, n, 1)
-    if row_invariant and S == 1:  # not a matrix-vector product (the module's docstring)
-        logits = torch.linalg.vecdot(V, upcast(queries))[..., None].mul_(R)  # (BT, k, 1)
+    if row_invariant:  # per-row dot products, not a matrix product (the module's docstring)
+        logits = torch.linalg.vecdot(V[:, :, None], upcast(queries)).mul_(R)  # (BT, k, S)
     else:
         logits = torch.matmul(V, upcast(queries).T).mul_(R)  # (BT, k, S)
     lse = torch.logsumexp(logits, dim=1, keepdim=True)  # (BT, 1, S)
