@@ -5,10 +5,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: 0 runs the suite in one process (the default: the
-# tests that kill and restart runners and services race their deadlines when two of them
-# share two cores); TEST_WORKERS=2 finishes in about 20 minutes on 2 cores instead of 27.
-TEST_WORKERS ?= 0
+# pytest-xdist workers for `make test`: two share the machine's two cores (most of the suite
+# waits on the services, runners and Ray clusters it starts); TEST_WORKERS=0 runs the suite
+# in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: setup chromium demo cost-demo test test-fast lint typecheck bench clean
 

@@ -244,7 +244,9 @@ def test_one_runner_per_cluster(sqlite_url: str, tmp_path: Path) -> None:
         second = start_runner(sqlite_url, tmp_path / "second.log", "--forever")
         wait_for(
             lambda: "waiting for its lease" in (tmp_path / "second.log").read_text(),
-            120,  # a process start beside a training runner, as the other starts here
+            # a process start beside a training runner (and, under `make test`'s two
+            # workers, beside another test): importing torch and Ray took over 120 s once
+            300,
             "the second runner to wait",
         )
         with Session() as s:
