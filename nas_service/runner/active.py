@@ -128,13 +128,15 @@ class ActiveJobs:
             row.events.append(JobEvent(kind=EventKind.STARTED, message=message))
         self.relist()
 
-    def completed(self, job_id: str, done: int) -> None:
-        """Every trial of the job is counted; the job is forgotten."""
+    def completed(self, job_id: str, done: int, answered: str | None = None) -> None:
+        """Every trial of the job is counted, or (`answered`: why) its question is answered
+        before `n_trials`; the job is forgotten."""
+        message = f"{done} trials" + (f"; stopped early: {answered}" if answered else "")
         with self.Session.begin() as s:
             row = s.get(Job, job_id)
             assert row is not None
             row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
-            row.events.append(JobEvent(kind=EventKind.COMPLETED, message=f"{done} trials"))
+            row.events.append(JobEvent(kind=EventKind.COMPLETED, message=message))
         self.relist()
         self.forget(job_id)
 

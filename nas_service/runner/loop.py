@@ -323,8 +323,9 @@ class Runner:
             else:
                 mine.append(flight)
         done += self._stop_waiting(job.id, active, idle=not mine)
-        if done >= spec.n_trials and not mine and not scheduler.waiting:
-            self.jobs.completed(job.id, done)
+        answered = scheduler.answered
+        if (done >= spec.n_trials or answered) and not mine and not scheduler.waiting:
+            self.jobs.completed(job.id, done, answered if done < spec.n_trials else None)
             if scheduler.pauses:
                 self.outcomes.forget_checkpoints(job.id)
 

@@ -20,14 +20,16 @@ can go on). It is the one place that tells the two apart."""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import optuna
 
 from nas_service.search.fidelity import bracket_of
+from nas_service.search.optimum import fit_optimum
 from nas_service.search.pruning import FractionMedianPruner
 from nas_service.search.rungs import (
     Ladder,
@@ -38,8 +40,8 @@ from nas_service.search.rungs import (
     rung_progress,
     rung_spec,
 )
-from nas_service.spec import Fidelity, JobSpec
-from nas_service.store.records import RungRecord
+from nas_service.spec import LOSS, Fidelity, JobSpec
+from nas_service.store.records import RungRecord, TrialAttr
 from workers.contract import TrainSpec
 
 
@@ -67,6 +69,9 @@ class Scheduler(ABC):
 
     def __init__(self, spec: JobSpec):
         self.spec = spec
+        #: Why the job may end before `n_trials` (`stop`), as last observed; None until then.
+        self.answered: str | None = None
+        self._fitted_at = -1  # the completed trials the last fit saw
 
     #: How many rungs a trial passes (1: its whole budget at once).
     rungs: int = 1
@@ -79,9 +84,15 @@ class Scheduler(ABC):
         """The trials waiting for promotion, as last observed (less those resumed since)."""
         return []
 
-    def observe(self, study: optuna.Study, in_flight: set[int]) -> None:  # noqa: B027
+    def observe(self, study: optuna.Study, in_flight: set[int]) -> None:
         """Read the job's state before answering its slots (`in_flight`: the trial numbers
-        training now)."""
+        training now); with `stop`, whether the job's question is answered (`answered`)."""
+        if self.spec.stop is None:
+            return
+        done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+        if len(done) != self._fitted_at:  # a fit per newly completed trial, not per pass
+            self._fitted_at = len(done)
+            self.answered = optimum_located(self.spec, done)
 
     @abstractmethod
     def next_slot(self, counted: int, in_flight: int) -> Slot:
@@ -143,11 +154,46 @@ class Scheduler(ABC):
         return []
 
 
+def optimum_located(spec: JobSpec, completed: Sequence[optuna.trial.FrozenTrial]) -> str | None:
+    """Whether every variant of the space has its loss-optimal d_model/L_b inside the explored
+    shapes with a 90% interval at most `stop.optimum_interval` wide in ln(d_model/L_b), fitted
+    as the results fit it (`search.optimum.fit_optimum` on each trial's scored loss, one point
+    per trained architecture); the message saying so, else None."""
+    assert spec.stop is not None
+    width = spec.stop.optimum_interval
+    k = spec.objectives.index(LOSS)
+    points: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in spec.space.variants}
+    for t in completed:
+        arch = t.user_attrs.get(TrialAttr.ARCH) or {}
+        if t.values is None or not arch.get("n_layers") or arch.get("variant") not in points:
+            continue
+        ratios, losses = points[arch["variant"]]
+        ratios.append(arch["d_model"] / arch["n_layers"])
+        losses.append(t.values[k])
+    located = []
+    for variant, (ratios, losses) in points.items():
+        fit = fit_optimum(variant, ratios, losses)
+        if fit.verdict != "ok" or fit.ci_low is None or fit.ci_high is None:
+            return None
+        ln_width = math.log(fit.ci_high / fit.ci_low)
+        if ln_width > width:
+            return None
+        located.append(
+            f"{variant} {fit.optimum_ratio:.3g} [{fit.ci_low:.3g}, {fit.ci_high:.3g}] "
+            f"(ln-width {ln_width:.2f})"
+        )
+    return f"every variant's optimum d_model/L_b is located to ln-width ≤ {width:g}: " + "; ".join(
+        located
+    )
+
+
 class FIFO(Scheduler):
     """One fidelity: every slot starts a new candidate until `n_trials` are counted or in
     flight; the study's pruner stops the hopeless on their intermediate losses."""
 
     def next_slot(self, counted: int, in_flight: int) -> Slot:
+        if self.answered is not None:
+            return None
         return Start() if counted + in_flight < self.spec.n_trials else None
 
     def make_pruner(self) -> optuna.pruners.BasePruner:
@@ -186,6 +232,7 @@ class SuccessiveHalving(Scheduler):
         return self._ladder.waiting if self._ladder is not None else []
 
     def observe(self, study: optuna.Study, in_flight: set[int]) -> None:
+        super().observe(study, in_flight)
         trials = study.get_trials(deepcopy=False)
         self._ladder = Ladder.of(self.fidelity, trials, in_flight)
 

@@ -82,6 +82,7 @@ from nas_service.spec.model import (
     OBJECTIVE_METRICS,
     Constraint,
     JobSpec,
+    Stop,
     parse_spec,
 )
 from nas_service.spec.search_space import ArchDefaults, ParamsTarget, SearchSpace
@@ -148,6 +149,7 @@ __all__ = [
     "SpecError",
     "SpecFileError",
     "StepCalibration",
+    "Stop",
     "StoredSpec",
     "Text",
     "TrainAxis",

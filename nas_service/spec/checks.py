@@ -330,6 +330,8 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     if errors:
         raise SpecError(errors)
     budgets = spec.budget.values()
+    if spec.stop is not None:
+        _check_stop(spec, valid, len(budgets))
     step_tokens = spec.training.batch_size * spec.training.seq_len
     if spec.budget.kind == "flops":
         bought = [tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch]
@@ -363,6 +365,24 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
             _check_rung_stops(len(spec.fidelity.rungs), fewest // step_tokens)
         _check_store(settings)
     return valid
+
+
+def _check_stop(spec: JobSpec, valid: list[Candidate], budgets: int) -> None:
+    """`stop.optimum_interval` fits a quadratic in ln(d_model/L_b) per variant at one budget:
+    every variant needs three shapes at least."""
+    field = "stop.optimum_interval"
+    if budgets > 1:
+        raise SpecError([(field, "the optimum is located at one budget; list a single one")])
+    shapes: dict[str, set[float]] = {}
+    for c in valid:
+        if c.arch is not None:
+            shapes.setdefault(c.arch.variant, set()).add(c.arch.d_model / c.arch.n_layers)
+    few = {v: len(r) for v, r in sorted(shapes.items()) if len(r) < 3}
+    if few:
+        named = ", ".join(f"{v} has {n}" for v, n in few.items())
+        raise SpecError(
+            [(field, f"an optimum needs at least 3 shapes (d_model/L_b) per variant; {named}")]
+        )
 
 
 def _check_first_rung(rung: float, tokens: int, spec: JobSpec) -> None:

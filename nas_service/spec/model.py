@@ -60,6 +60,18 @@ class Constraint(_Strict):
         return value
 
 
+class Stop(_Strict):
+    """End the job once its question is answered, before `n_trials` (then a cap)."""
+
+    optimum_interval: float = Field(
+        gt=0,
+        le=10,
+        description="stop once every variant's loss-optimal d_model/L_b lies inside the "
+        "explored shapes with a 90% interval at most this wide in ln(d_model/L_b) (0.2: the "
+        "upper end within 22% of the lower)",
+    )
+
+
 class JobSpec(_Strict):
     name: Text = Field(min_length=1, max_length=200)
     space: SearchSpace
@@ -86,6 +98,7 @@ class JobSpec(_Strict):
     cost: CostContext = Field(default_factory=CostContext)
     cluster: Text = Field(default=LOCAL_CLUSTER, min_length=1, max_length=MAX_CLUSTER_NAME)
     fidelity: Fidelity | None = None  # None: every candidate trains on its full budget
+    stop: Stop | None = None  # None: the job runs its n_trials
 
     @field_validator("objectives")
     @classmethod
@@ -198,6 +211,31 @@ class JobSpec(_Strict):
                     )
                 ]
             )
+        return self
+
+    @model_validator(mode="after")
+    def _stopped(self) -> JobSpec:
+        """The optimum is fitted to the validation loss of trials trained to their end."""
+        if self.stop is None:
+            return self
+        errors: list[tuple[tuple[str | int, ...], str]] = []
+        if LOSS not in self.objectives:
+            errors.append(
+                (
+                    ("stop", "optimum_interval"),
+                    f"the optimum is fitted to {LOSS}, which is not among the objectives",
+                )
+            )
+        if self.fidelity is not None:
+            errors.append(
+                (
+                    ("stop", "optimum_interval"),
+                    "not with fidelity: a trial that stops at a rung has no full-budget loss to "
+                    "fit; drop one of the two",
+                )
+            )
+        if errors:
+            _refuse(errors)
         return self
 
     @model_validator(mode="after")

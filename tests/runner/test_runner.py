@@ -206,9 +206,7 @@ def test_runner_killed_with_sigkill_resumes_without_loss(sqlite_url: str, tmp_pa
         finally:
             procs.kill_session(first)  # its group and every descendant (its Ray's workers too)
         study = study_of(sqlite_url, job)
-        left_running = {
-            t.number: t.params for t in study.get_trials(states=(TrialState.RUNNING,))
-        }
+        left_running = {t.number: t.params for t in study.get_trials(states=(TrialState.RUNNING,))}
         if left_running:
             break
     assert left_running, "three kills, and none landed while a trial trained"

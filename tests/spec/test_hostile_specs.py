@@ -300,6 +300,34 @@ TRAINING_PARSE_CASES = [
         "confirm.level",
         "Extra inputs are not permitted",
     ),
+    (
+        "stop-width-zero",
+        with_(("stop", {"optimum_interval": 0})),
+        "stop.optimum_interval",
+        "greater than 0",
+    ),
+    (
+        "stop-without-the-loss",
+        with_(("stop", {"optimum_interval": 0.2}), ("objectives", ["train_memory_bytes"])),
+        "stop.optimum_interval",
+        "fitted to val_loss, which is not among the objectives",
+    ),
+    (
+        "stop-with-fidelity",
+        with_(
+            ("stop", {"optimum_interval": 0.2}),
+            ("fidelity", {"rungs": [0.333, 1.0], "reduction": 3, "brackets": 1}),
+            ("training.schedule", "wsd"),
+        ),
+        "stop.optimum_interval",
+        "a trial that stops at a rung has no full-budget loss",
+    ),
+    (
+        "stop-unknown-key",
+        with_(("stop", {"optimum_interval": 0.2, "level": 0.9})),
+        "stop.level",
+        "Extra inputs are not permitted",
+    ),
 ]
 PARSE_CASES += TRAINING_PARSE_CASES
 #: A multi-fidelity section that passes (under the WSD schedule), and its hostile variants.
@@ -688,6 +716,24 @@ TRAINING_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]]
         {"max_budget_flops": 1e21},
         "budget",
         "n_trials × (seeds × tune settings + confirm.seeds) × 1e+21 FLOPs = 5e+24 FLOPs",
+    ),
+    (
+        "stop-with-two-shapes",
+        with_(
+            ("stop", {"optimum_interval": 0.2}),
+            ("space.n_layers", [2, 4]),
+            ("space.d_model", [64]),
+        ),
+        {},
+        "stop.optimum_interval",
+        "at least 3 shapes (d_model/L_b) per variant; baseline has 2, block_attnres has 2",
+    ),
+    (
+        "stop-over-several-budgets",
+        with_(("stop", {"optimum_interval": 0.2}), ("budget", {"flops": [1e12, 2e12]})),
+        {},
+        "stop.optimum_interval",
+        "located at one budget",
     ),
 ]
 CHECK_CASES += TRAINING_CHECK_CASES

@@ -1,0 +1,65 @@
+"""`stop: {optimum_interval}` through the real runner on a SQLite file, replaying the main
+job's recorded regime (`bench/landscapes/regime/p30k-25tpp.json`, where the standard
+residual's optimum lies inside its five shapes): the job ends as soon as the optimum is
+located to the asked width, says so in its completion event with the very optimum the results
+then report, and runs every trial when the width is never reached."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from nas_service.jobs import submit
+from nas_service.results import answers
+from nas_service.results.cache import ResultsCache
+from nas_service.results.landscape import load_landscape
+from nas_service.runner.loop import Runner
+from nas_service.runner.simulated import SimulatedBackend
+from nas_service.store import Job, JobEvent
+from nas_service.store.jobs import optuna_storage
+from tests.support.jobs import counted, setup, study_of
+
+ROOT = Path(__file__).resolve().parents[2]
+LANDSCAPE = load_landscape(ROOT / "bench" / "landscapes" / "regime" / "p30k-25tpp.json")
+SPEC: dict[str, Any] = LANDSCAPE.job.spec.model_dump(mode="json")
+#: the standard residual's five shapes (L_b 1–6), one at a time, in the grid's seeded order
+BASELINE: dict[str, Any] = SPEC | {
+    "name": "stop",
+    "space": SPEC["space"] | {"variants": ["baseline"], "block_sizes": None},
+    "objectives": ["val_loss"],
+    "n_trials": 5,
+    "max_concurrent": 1,
+    "sampler_seed": 0,
+}
+
+
+def _run(tmp_path: Path, width: float) -> tuple[Any, Any, list[str]]:
+    url = f"sqlite:///{tmp_path / f'stop-{width}.db'}"
+    settings, Session = setup(url)
+    job = submit(Session, settings, BASELINE | {"stop": {"optimum_interval": width}})
+    Runner(settings, backend=SimulatedBackend(LANDSCAPE, 2)).run(poll_s=0, timeout_s=120)
+    with Session() as s:
+        assert s.get(Job, job.id).status == "completed"
+        events = [e.message for e in s.scalars(select(JobEvent).where(JobEvent.job_id == job.id))]
+    return url, job, events
+
+
+def test_a_job_stops_once_the_optimum_is_located_to_the_asked_width(tmp_path: Path) -> None:
+    url, job, events = _run(tmp_path, 10.0)
+    trials = counted(study_of(url, job))
+    assert len(trials) < BASELINE["n_trials"]  # ended by its answer, not by n_trials
+    assert "stopped early: every variant's optimum d_model/L_b is located" in events[-1]
+    # the event's optimum is the one the results report for the stored trials
+    cache = ResultsCache(optuna_storage(url), fresh_s=0.0, job_runs=True)
+    (fit,) = answers.optimum_by_variant(cache.get(job.study_name, ["val_loss"], job_id=job.id))
+    assert fit["verdict"] == "ok"
+    shown = f"baseline {fit['optimum_ratio']:.3g} [{fit['ci_low']:.3g}, {fit['ci_high']:.3g}]"
+    assert shown in events[-1]
+
+
+def test_a_width_never_reached_runs_every_trial(tmp_path: Path) -> None:
+    url, job, events = _run(tmp_path, 0.01)
+    assert len(counted(study_of(url, job))) == BASELINE["n_trials"]
+    assert events[-1] == f"{BASELINE['n_trials']} trials"
