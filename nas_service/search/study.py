@@ -27,6 +27,7 @@ import optuna
 
 from cost_model.residuals import DEPTH_MIXED
 from nas_service.search.numbers import finite_or_none
+from nas_service.search.placement import OptimumSampler
 from nas_service.search.pruning import FractionMedianPruner, fraction_step
 from nas_service.search.scheduler import make_pruner
 from nas_service.spec import TRAINING_AXES as TRAINING_AXES  # re-exported: the runner's
@@ -57,6 +58,8 @@ def make_sampler(spec: JobSpec) -> optuna.samplers.BaseSampler:
     seed = spec.sampler_seed
     if spec.sampler == "grid":
         return _Grid(grid_space(spec), seed=seed)
+    if spec.sampler == "optimum":
+        return OptimumSampler(spec)
     if spec.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if spec.sampler == "nsga2":

@@ -331,7 +331,9 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
         raise SpecError(errors)
     budgets = spec.budget.values()
     if spec.stop is not None:
-        _check_stop(spec, valid, len(budgets))
+        _check_stop(spec, valid, len(budgets), "stop.optimum_interval")
+    if spec.sampler == "optimum":
+        _check_stop(spec, valid, len(budgets), "sampler")
     step_tokens = spec.training.batch_size * spec.training.seq_len
     if spec.budget.kind == "flops":
         bought = [tokens_for_budget(c.arch, min(budgets)) for c in valid if c.arch]
@@ -367,10 +369,9 @@ def check_job(spec: JobSpec, settings: Settings) -> list[Candidate]:
     return valid
 
 
-def _check_stop(spec: JobSpec, valid: list[Candidate], budgets: int) -> None:
-    """`stop.optimum_interval` fits a quadratic in ln(d_model/L_b) per variant at one budget:
-    every variant needs three shapes at least."""
-    field = "stop.optimum_interval"
+def _check_stop(spec: JobSpec, valid: list[Candidate], budgets: int, field: str) -> None:
+    """`stop.optimum_interval` and `sampler: optimum` fit a quadratic in ln(d_model/L_b) per
+    variant at one budget: every variant needs three shapes at least."""
     if budgets > 1:
         raise SpecError([(field, "the optimum is located at one budget; list a single one")])
     shapes: dict[str, set[float]] = {}

@@ -78,7 +78,9 @@ class JobSpec(_Strict):
     budget: Budget
     objectives: list[Text] = Field(default_factory=lambda: [LOSS])
     constraints: list[Constraint] = Field(default_factory=list, max_length=MAX_CONSTRAINTS)
-    sampler: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
+    # optimum: the grid's shapes in the order that locates each variant's loss-optimal
+    # d_model/L_b soonest (`nas_service.search.placement`)
+    sampler: Literal["tpe", "nsga2", "random", "grid", "optimum"] = "tpe"
     # auto: one objective, the median rule at equal fractions of each candidate's budget: from
     # a third of it on, more than 1% above the median of at least 5 completed candidates of
     # the same budget (`nas_service.search.pruning`); several objectives, `cannot_reach_front`.
@@ -163,11 +165,14 @@ class JobSpec(_Strict):
                         f"per shape (tune.{name}) or jointly (training.{name})",
                     )
                 )
-        if self.sampler == "grid":
+        if self.sampler in ("grid", "optimum"):
             for name, value in joint.items():
                 if isinstance(value, FloatRange):
                     errors.append(
-                        (("training", name), "the grid sampler needs choices, not a range")
+                        (
+                            ("training", name),
+                            f"the {self.sampler} sampler needs choices, not a range",
+                        )
                     )
         if not any(v in DEPTH_MIXED for v in self.space.variants):
             mult = self.training.depth_lr_mult
@@ -216,6 +221,16 @@ class JobSpec(_Strict):
     @model_validator(mode="after")
     def _stopped(self) -> JobSpec:
         """The optimum is fitted to the validation loss of trials trained to their end."""
+        if self.sampler == "optimum" and LOSS not in self.objectives:
+            _refuse(
+                [
+                    (
+                        ("sampler",),
+                        f"optimum places shapes by the fit of {LOSS}, which is not among the "
+                        "objectives",
+                    )
+                ]
+            )
         if self.stop is None:
             return self
         errors: list[tuple[tuple[str | int, ...], str]] = []

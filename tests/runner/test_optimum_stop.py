@@ -35,10 +35,10 @@ BASELINE: dict[str, Any] = SPEC | {
 }
 
 
-def _run(tmp_path: Path, width: float) -> tuple[Any, Any, list[str]]:
+def _run(tmp_path: Path, width: float, **change: Any) -> tuple[Any, Any, list[str]]:
     url = f"sqlite:///{tmp_path / f'stop-{width}.db'}"
     settings, Session = setup(url)
-    job = submit(Session, settings, BASELINE | {"stop": {"optimum_interval": width}})
+    job = submit(Session, settings, BASELINE | {"stop": {"optimum_interval": width}} | change)
     Runner(settings, backend=SimulatedBackend(LANDSCAPE, 2)).run(poll_s=0, timeout_s=120)
     with Session() as s:
         assert s.get(Job, job.id).status == "completed"
@@ -63,3 +63,14 @@ def test_a_width_never_reached_runs_every_trial(tmp_path: Path) -> None:
     url, job, events = _run(tmp_path, 0.01)
     assert len(counted(study_of(url, job))) == BASELINE["n_trials"]
     assert events[-1] == f"{BASELINE['n_trials']} trials"
+
+
+def test_the_optimum_sampler_spreads_three_shapes_then_closes_in(tmp_path: Path) -> None:
+    """`sampler: optimum` on the same five shapes: the deepest and the shallowest, the middle
+    in ln(d_model/L_b), then the untried shapes nearest the fitted minimum (here L_b = 2, then
+    4, around the standard residual's optimum of d_model/L_b ≈ 11 at L_b = 2–3)."""
+    url, job, events = _run(tmp_path, 0.01, sampler="optimum")
+    trials = sorted(counted(study_of(url, job)), key=lambda t: t.number)
+    assert [t.user_attrs["arch"]["n_layers"] for t in trials] == [6, 1, 3, 2, 4]
+    assert events[-1] == f"{BASELINE['n_trials']} trials"
+

@@ -323,6 +323,18 @@ TRAINING_PARSE_CASES = [
         "a trial that stops at a rung has no full-budget loss",
     ),
     (
+        "optimum-sampler-without-the-loss",
+        with_(("sampler", "optimum"), ("objectives", ["train_memory_bytes"])),
+        "sampler",
+        "optimum places shapes by the fit of val_loss",
+    ),
+    (
+        "optimum-sampler-over-a-range",
+        with_(("sampler", "optimum"), ("training.lr", {"low": 1e-4, "high": 1e-2})),
+        "training.lr",
+        "the optimum sampler needs choices, not a range",
+    ),
+    (
         "stop-unknown-key",
         with_(("stop", {"optimum_interval": 0.2, "level": 0.9})),
         "stop.level",
@@ -727,6 +739,13 @@ TRAINING_CHECK_CASES: list[tuple[str, dict[str, Any], dict[str, Any], str, str]]
         {},
         "stop.optimum_interval",
         "at least 3 shapes (d_model/L_b) per variant; baseline has 2, block_attnres has 2",
+    ),
+    (
+        "optimum-sampler-with-two-shapes",
+        with_(("sampler", "optimum"), ("space.n_layers", [2, 4]), ("space.d_model", [64])),
+        {},
+        "sampler",
+        "at least 3 shapes (d_model/L_b) per variant",
     ),
     (
         "stop-over-several-budgets",
