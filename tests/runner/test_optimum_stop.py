@@ -73,4 +73,3 @@ def test_the_optimum_sampler_spreads_three_shapes_then_closes_in(tmp_path: Path)
     trials = sorted(counted(study_of(url, job)), key=lambda t: t.number)
     assert [t.user_attrs["arch"]["n_layers"] for t in trials] == [6, 1, 3, 2, 4]
     assert events[-1] == f"{BASELINE['n_trials']} trials"
-
