@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -350,3 +351,54 @@ def test_regime_bench_runs(tmp_path: Path) -> None:
     assert row["front"] >= 1
     landscape = json.loads((tmp_path / "landscapes" / "smoke.json").read_text())
     assert landscape["format"] == "depthscope-landscape" and len(landscape["trials"]) == 4
+
+
+def _trial(variant: str, n_layers: int, tuning: dict[float, float], confirm: list[float]) -> Any:
+    """A trial as the API returns it: its settings table (lr → mean on the tuning seeds)
+    and the confirmation of its best setting on seeds 2, 3, …"""
+
+    def setting(lr: float) -> dict[str, float]:
+        return {"lr": lr, "depth_lr_mult": 1.0}
+
+    best = min(tuning, key=lambda lr: tuning[lr])
+    return {
+        "state": "complete",
+        "lost": False,
+        "arch": {"variant": variant, "n_layers": n_layers, "d_model": 64 // n_layers * 4},
+        "settings": [{"setting": setting(lr), "mean": m} for lr, m in tuning.items()],
+        "confirm": {
+            "setting": setting(best),
+            "seeds": list(range(2, 2 + len(confirm))),
+            "losses": confirm,
+            "mean": sum(confirm) / len(confirm),
+        },
+    }
+
+
+def test_crossover_joined_chooses_over_every_job_and_pairs_by_seed(monkeypatch: Any) -> None:
+    import bench.crossover_joined as joined
+    from nas_service.results.analysis import paired_interval
+
+    jobs = {
+        # the first job: both variants; the standard residual's best lr at the grid's end
+        "a": [
+            _trial("baseline", 2, {0.01: 2.20, 0.02: 2.10}, [2.10, 2.12, 2.08, 2.11]),
+            _trial("block_attnres", 2, {0.01: 2.15, 0.02: 2.18}, [2.05, 2.09, 2.02, 2.06]),
+        ],
+        # the follow-up: the standard residual at larger rates, 0.04 better on tuning seeds
+        "b": [_trial("baseline", 2, {0.02: 2.10, 0.04: 2.05}, [2.04, 2.07, 2.03, 2.05])],
+    }
+    monkeypatch.setattr(joined, "_trials", lambda url, job: jobs[job])
+    result = joined.answer("http://unused", ["a", "b"], "baseline")
+    base = next(s for s in result["shapes"] if s["variant"] == "baseline")
+    assert base["setting"]["lr"] == 0.04 and base["losses"] == [2.04, 2.07, 2.03, 2.05]
+    (pair,) = result["pairs"]
+    diffs = [2.05 - 2.04, 2.09 - 2.07, 2.02 - 2.03, 2.06 - 2.05]  # seed by seed, 2 … 5
+    assert pair["seeds"] == [2, 3, 4, 5] and pair["differences"] == pytest.approx(diffs)
+    mean, lo, hi = paired_interval(diffs)
+    assert (pair["mean"], pair["ci_low"], pair["ci_high"]) == pytest.approx((mean, lo, hi))
+    # 0.04 is the largest lr the standard residual tried, 0.01 the smallest of Block AttnRes
+    assert result["widen"] == [
+        "baseline L_b=2: lr 0.04 at the high end",
+        "block_attnres L_b=2: lr 0.01 at the low end",
+    ]
