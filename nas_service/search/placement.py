@@ -53,11 +53,17 @@ class OptimumSampler(optuna.samplers.BaseSampler):
         names = sorted(grid)
         #: every grid point with its shape: (variant, x = ln(d_model/L_b)); None: no valid arch
         self._points: list[tuple[Point, tuple[str, float] | None]] = []
+        shapes: dict[Point, tuple[str, float] | None] = {}  # per architecture, built once
         for values in itertools.product(*(grid[n] for n in names)):
             point = tuple(zip(names, values, strict=True))
-            arch = build_candidate(spec, CandidateSpace.from_study(dict(point))).arch
-            shape = (arch.variant, math.log(arch.d_model / arch.n_layers)) if arch else None
-            self._points.append((point, shape))
+            candidate = CandidateSpace.from_study(dict(point))  # the training axes left out
+            key = tuple(sorted(candidate.items()))
+            if key not in shapes:
+                arch = build_candidate(spec, candidate).arch
+                shapes[key] = (
+                    (arch.variant, math.log(arch.d_model / arch.n_layers)) if arch else None
+                )
+            self._points.append((point, shapes[key]))
         self._variants = list(dict.fromkeys(s[0] for _, s in self._points if s is not None))
         self._chosen: dict[int, dict[str, Any]] = {}
         self._fallback = optuna.samplers.RandomSampler(seed=spec.sampler_seed)
