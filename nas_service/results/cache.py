@@ -261,7 +261,7 @@ class ResultsCache:
     def forget(self, key: Any) -> None:
         self._recent.pop(key, None)
 
-    def _study_id(self, study_name: str) -> int:
+    def _study_id_of(self, study_name: str) -> int:
         if study_name not in self._study_ids:
             self._study_ids[study_name] = self.storage.get_study_id_from_name(study_name)
         return self._study_ids[study_name]
@@ -282,11 +282,11 @@ class ResultsCache:
         """The study's fingerprint as seen from the cached table: whether trial n (the
         table's count) exists, and the states of the study's unfinished trials (read only
         when the table has some, or a new trial appeared: else none can exist)."""
-        sid = self._study_id(study_name)
+        sid = self._study_id_of(study_name)
         with self._lock:
             cached = self._cache.get(study_name)
         n = len(cached.rows) if cached is not None else 0
-        more = self._trial_id(sid, n) is not None
+        more = self._trial_id_at(sid, n) is not None
         job_id = self._jobs.get(study_name)
         if job_id is not None and self.job_runs:
             return (n, more, self._runs(job_id))
@@ -314,7 +314,7 @@ class ResultsCache:
             ).one()
         return tuple(str(v) for v in row)
 
-    def _trial_id(self, study_id: int, number: int) -> int | None:
+    def _trial_id_at(self, study_id: int, number: int) -> int | None:
         try:
             return self.storage.get_trial_id_from_study_id_trial_number(study_id, number)
         except KeyError:
@@ -393,7 +393,7 @@ class ResultsCache:
         """The rows now: those of `cached` that were finished, and in one bulk read
         (`read_trials`) the study's unfinished ones, those finished since and the new ones
         (numbered from the table's count on)."""
-        sid = self._study_id(study_name)
+        sid = self._study_id_of(study_name)
         if cached is None:
             return self._load_all(sid, objectives, budget)
         by_id = {r.trial_id: r for r in cached.rows}

@@ -15,6 +15,7 @@ from nas_service.results.rows import TrialRow, setting_key
 from nas_service.search.numbers import finite_or_none as _loss_or_none
 from nas_service.search.numbers import is_finite
 from nas_service.store import TrialOutcome, TrialStatus
+from nas_service.store.optuna_study import trial_id_of
 from nas_service.store.records import (
     ConfirmRecord,
     SettingRecord,
@@ -88,7 +89,7 @@ def _row(t: StoredTrial | FrozenTrial, objectives: list[str], budget: float | No
         lost=bool(rec.lost),
         duration_s=duration,
         budget=float(t.params["budget"]) if "budget" in t.params else budget,
-        trial_id=t.trial_id if isinstance(t, StoredTrial) else t._trial_id,
+        trial_id=t.trial_id if isinstance(t, StoredTrial) else trial_id_of(t),
         setting=setting,
         settings=settings,
         seeds=list(confirm["losses"]) if confirm else _seeds(seeds, train, setting, settings),

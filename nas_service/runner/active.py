@@ -22,6 +22,7 @@ from nas_service.spec import CorpusLocation, JobSpec, SpecError, locate_corpus
 from nas_service.store import EventKind, Job, JobEvent, JobStatus
 from nas_service.store.jobs import active_jobs, stored_spec
 from nas_service.store.optuna_storage import OwnedTrials
+from nas_service.store.optuna_study import storage_of, study_id_of
 from nas_service.store.records import TrialAttr
 
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -51,9 +52,9 @@ class ActiveJob:
 def counted(study: optuna.Study) -> int:
     """The study's finished trials that count towards `n_trials` (lost ones don't): the
     runner's storage keeps the count (`OwnedTrials.finished_count`); any other counts."""
-    storage = study._storage
+    storage = storage_of(study)
     if isinstance(storage, OwnedTrials) and storage.uncounted == TrialAttr.LOST:
-        return storage.finished_count(study._study_id, COUNTED)
+        return storage.finished_count(study_id_of(study), COUNTED)
     return sum(
         1
         for t in study.get_trials(deepcopy=False, states=COUNTED)

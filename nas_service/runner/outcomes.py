@@ -75,7 +75,7 @@ from nas_service.search.study import (
 from nas_service.settings import Settings
 from nas_service.store import EventKind, RunState, TrialOutcome, TrialRun
 from nas_service.store.optuna_storage import OwnedTrials
-from nas_service.store.optuna_study import set_user_attrs, tell
+from nas_service.store.optuna_study import set_user_attrs, storage_of, tell, trial_id_of
 from nas_service.store.records import TrainRun, TrialAttr, TrialRecord
 from workers.contract import EvalPoint, TrainResult
 from workers.store import ArtifactStore
@@ -155,10 +155,10 @@ class Outcomes:
             for flight, attrs in batch:
                 study = flight.study
                 by_study.setdefault(id(study), (study, []))[1].append(
-                    (flight.trial._trial_id, attrs)
+                    (trial_id_of(flight.trial), attrs)
                 )
             for study, items in by_study.values():
-                storage = study._storage
+                storage = storage_of(study)
                 if isinstance(storage, OwnedTrials):
                     storage.set_many_user_attrs(items)
                 else:

@@ -68,7 +68,13 @@ from nas_service.store import (
 )
 from nas_service.store.lease import CANDIDATE_MAY_HAVE_CAUSED, ended_how
 from nas_service.store.optuna_storage import OwnedTrials
-from nas_service.store.optuna_study import after_trial, set_user_attrs
+from nas_service.store.optuna_study import (
+    after_trial,
+    set_user_attrs,
+    storage_of,
+    study_id_of,
+    trial_id_of,
+)
 from nas_service.store.records import TrialAttr, TrialRecord
 from nas_service.store.trial_tables import studies_with_trials_in
 
@@ -327,7 +333,7 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
         for t, suspect in lost
         if t.number not in retried
     ]
-    storage = study._storage
+    storage = storage_of(study)
     told = lost and isinstance(storage, OwnedTrials)
     failure: Exception | None = None
     if told:
@@ -338,7 +344,9 @@ def _requeue(study: optuna.Study, lost: list[tuple[FrozenTrial, int]], retried: 
             except Exception as exc:  # as in `tell`: the state is written all the same
                 failure = failure or exc
         try:
-            storage.requeue_lost(study._study_id, [(t._trial_id, attrs) for t, _ in lost], retries)
+            storage.requeue_lost(
+                study_id_of(study), [(trial_id_of(t), attrs) for t, _ in lost], retries
+            )
         except optuna.exceptions.UpdateFinishedTrialError as exc:
             log.info("a trial left running was concluded meanwhile (%s): one at a time", exc)
         else:
@@ -372,7 +380,7 @@ def _fail_lost(study: optuna.Study, t: FrozenTrial, attrs: dict[str, Any]) -> No
     it is."""
     try:
         set_user_attrs(study, t, attrs)
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        storage_of(study).set_trial_state_values(trial_id_of(t), TrialState.FAIL)
     except optuna.exceptions.UpdateFinishedTrialError as exc:
         log.info("trial %d was concluded already: %s", t.number, exc)
 
@@ -409,7 +417,7 @@ def _resume(
     rung = int(last.get("rung", 0))
     train = t.user_attrs.get(TrialAttr.TRAIN, [])
     kept = [r for r in train if isinstance(r, dict) and int(r.get("rung", 0)) <= rung]
-    storage, tid = study._storage, t._trial_id
+    storage, tid = storage_of(study), trial_id_of(t)
     storage.set_trial_user_attr(tid, TrialAttr.SUSPECT, suspect)
     storage.set_trial_user_attr(tid, TrialAttr.TRAIN, kept)
     storage.set_trial_user_attr(tid, TrialAttr.RUNGS, [*recs[:-1], last | {"promoted": False}])

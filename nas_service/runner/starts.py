@@ -19,7 +19,7 @@ from nas_service.search.pricing import price_candidate
 from nas_service.search.rungs import Waiting, records
 from nas_service.search.study import suggest, tune_settings
 from nas_service.store import EventKind, RunState, TrialOutcome
-from nas_service.store.optuna_study import set_user_attrs
+from nas_service.store.optuna_study import set_user_attrs, trial_id_of
 from nas_service.store.records import TrialAttr, TrialRecord
 
 
@@ -46,7 +46,7 @@ class Starts:
         """Train the next rung of a waiting trial: its record marked promoted, then its
         run row, then the run launched from the checkpoints of the rung it reached."""
         spec, study = active.spec, active.study
-        trial = optuna.Trial(study, w.trial._trial_id)
+        trial = optuna.Trial(study, trial_id_of(w.trial))
         number = w.trial.number
         try:
             recs = records(w.trial)

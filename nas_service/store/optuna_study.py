@@ -1,6 +1,7 @@
-"""Study-level helpers over the runner's Optuna storage: several user attributes in one
-transaction, `tell` without its answer, the sampler's hook for a trial concluded otherwise,
-and the database storage under a cached one."""
+"""Study-level helpers over the runner's Optuna storage: a study's storage and ids (read
+from Optuna's private fields here, so that nothing outside `store/` does), several user
+attributes in one transaction, `tell` without its answer, the sampler's hook for a trial
+concluded otherwise, and the database storage under a cached one."""
 
 from __future__ import annotations
 
@@ -15,6 +16,22 @@ from optuna.study._tell import _tell_with_warning
 from optuna.trial import FrozenTrial, TrialState
 
 from nas_service.store.optuna_storage import OwnedTrials
+
+
+def storage_of(study: optuna.Study) -> optuna.storages.BaseStorage:
+    """The storage a study reads and writes through (Optuna keeps it private)."""
+    storage: optuna.storages.BaseStorage = study._storage
+    return storage
+
+
+def study_id_of(study: optuna.Study) -> int:
+    """The study's id in its storage (Optuna keeps it private)."""
+    return int(study._study_id)
+
+
+def trial_id_of(trial: optuna.Trial | FrozenTrial) -> int:
+    """A trial's id in its storage, unique across studies (Optuna keeps it private)."""
+    return int(trial._trial_id)
 
 
 def set_user_attrs(
