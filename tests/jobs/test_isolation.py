@@ -165,11 +165,13 @@ def run_runner_until_idle(url: str, timeout: float = 120) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def start_runner(url: str, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start_runner(
+    url: str, log: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     out = log.open("w")
     return subprocess.Popen(
         runner_cmd(*extra),
-        env=runner_env(url),
+        env=runner_env(url, **(env or {})),
         cwd=ROOT,
         stdout=out,
         stderr=out,
@@ -237,11 +239,14 @@ def test_one_runner_per_cluster(sqlite_url: str, tmp_path: Path) -> None:
     settings, Session = setup(sqlite_url)
     spec = TINY | {"name": "shared", "n_trials": 6, "budget": {"tokens": 4 * 32 * 150}}
     job = submit(Session, settings, spec)
-    first = start_runner(sqlite_url, tmp_path / "first.log", "--forever")
+    # a lease of 10 s (renewed every 3.3 s): a training runner beside another test on two
+    # busy cores once let a 3 s lease lapse, and the second runner rightly took it over
+    lease = {"DEPTHSCOPE_RUNNER_LEASE_S": "10"}
+    first = start_runner(sqlite_url, tmp_path / "first.log", "--forever", env=lease)
     second = None
     try:
         wait_for(lambda: running_trials(sqlite_url, job), 120, "the first runner to train")
-        second = start_runner(sqlite_url, tmp_path / "second.log", "--forever")
+        second = start_runner(sqlite_url, tmp_path / "second.log", "--forever", env=lease)
         wait_for(
             lambda: "waiting for its lease" in (tmp_path / "second.log").read_text(),
             # a process start beside a training runner (and, under `make test`'s two
