@@ -9,11 +9,13 @@ Pure numpy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from nas_service.store.records import TrialAttr
 
 #: A column of numbers: a sequence or a 1-D array (read with np.asarray).
 Floats = Sequence[float] | np.ndarray
@@ -139,3 +141,20 @@ def fit_optimum(
         fit.verdict = "ok"
     fit.message = "; ".join(notes)
     return fit
+
+
+def shape_points(
+    trials: Iterable[Any], loss_index: int
+) -> dict[str, tuple[list[float], list[float]]]:
+    """Per variant, the (d_model/L_b, loss) points of the finished trials among `trials`
+    (Optuna trials with the runner's `arch` attribute; the loss is value `loss_index`): what
+    the scheduler's `stop` and the optimum sampler fit."""
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    for t in trials:
+        arch = t.user_attrs.get(TrialAttr.ARCH) or {}
+        if t.state.name != "COMPLETE" or not t.values or not arch.get("n_layers"):
+            continue
+        ratios, losses = points.setdefault(arch["variant"], ([], []))
+        ratios.append(arch["d_model"] / arch["n_layers"])
+        losses.append(t.values[loss_index])
+    return points

@@ -35,9 +35,8 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from nas_service.search.optimum import fit_optimum
+from nas_service.search.optimum import fit_optimum, shape_points
 from nas_service.spec import LOSS, CandidateSpace, JobSpec, build_candidate
-from nas_service.store.records import TrialAttr
 
 Point = tuple[tuple[str, Any], ...]
 
@@ -136,12 +135,7 @@ class OptimumSampler(optuna.samplers.BaseSampler):
             return hi if tried[0] == lo else lo
         if len(tried) == 2:
             return (lo + hi) / 2
-        ratios, losses = [], []
-        for t in trials:
-            arch = t.user_attrs.get(TrialAttr.ARCH) or {}
-            if t.state == TrialState.COMPLETE and t.values and arch.get("variant") == variant:
-                ratios.append(arch["d_model"] / arch["n_layers"])
-                losses.append(t.values[self._loss])
+        ratios, losses = shape_points(trials, self._loss).get(variant, ([], []))
         fit = fit_optimum(variant, ratios, losses, bootstrap=0)
         if fit.optimum_ratio is not None:
             return math.log(fit.optimum_ratio)

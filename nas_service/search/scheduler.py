@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 
 from nas_service.search.fidelity import bracket_of
-from nas_service.search.optimum import fit_optimum
+from nas_service.search.optimum import fit_optimum, shape_points
 from nas_service.search.pruning import FractionMedianPruner
 from nas_service.search.rungs import (
     Ladder,
@@ -41,7 +41,7 @@ from nas_service.search.rungs import (
     rung_spec,
 )
 from nas_service.spec import LOSS, Fidelity, JobSpec
-from nas_service.store.records import RungRecord, TrialAttr
+from nas_service.store.records import RungRecord
 from workers.contract import TrainSpec
 
 
@@ -161,18 +161,10 @@ def optimum_located(spec: JobSpec, completed: Sequence[optuna.trial.FrozenTrial]
     per trained architecture); the message saying so, else None."""
     assert spec.stop is not None
     width = spec.stop.optimum_interval
-    k = spec.objectives.index(LOSS)
-    points: dict[str, tuple[list[float], list[float]]] = {v: ([], []) for v in spec.space.variants}
-    for t in completed:
-        arch = t.user_attrs.get(TrialAttr.ARCH) or {}
-        if t.values is None or not arch.get("n_layers") or arch.get("variant") not in points:
-            continue
-        ratios, losses = points[arch["variant"]]
-        ratios.append(arch["d_model"] / arch["n_layers"])
-        losses.append(t.values[k])
+    points = shape_points(completed, spec.objectives.index(LOSS))
     located = []
-    for variant, (ratios, losses) in points.items():
-        fit = fit_optimum(variant, ratios, losses)
+    for variant in spec.space.variants:
+        fit = fit_optimum(variant, *points.get(variant, ([], [])))
         if fit.verdict != "ok" or fit.ci_low is None or fit.ci_high is None:
             return None
         ln_width = math.log(fit.ci_high / fit.ci_low)
