@@ -1,8 +1,11 @@
 """The crossover study's answer over one or more jobs of the same shapes, seeds and budget
 (`docs/study.md`): a follow-up job that widens one variant's training grid joins the first.
 
-    python bench/crossover_joined.py --url URL --jobs JOB [JOB ...] [--reference baseline]
-        [--json FILE]
+    python bench/crossover_joined.py [--url URL --jobs JOB ...] [--landscapes FILE ...]
+        [--reference baseline] [--json FILE]
+
+The jobs are read from a running service (`--url`, `--jobs`) or from their landscape files
+(`depthscope export JOB --out FILE`, as recorded in `bench/landscapes/`), or both.
 
 Per (variant, depth) the setting is chosen, over every job's trials of that shape, by the
 lowest mean loss on the tuning seeds (each trial's `settings` table), exactly as one job with
@@ -32,7 +35,7 @@ from nas_service.results.analysis import paired_interval
 from nas_service.search.optimum import fit_optimum
 
 
-def _trials(url: str, job: str) -> list[dict[str, Any]]:
+def _service_trials(url: str, job: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     while True:
         page = httpx.get(
@@ -41,6 +44,13 @@ def _trials(url: str, job: str) -> list[dict[str, Any]]:
         out += page["items"]
         if len(out) >= page["total"] or not page["items"]:
             return out
+
+
+def _landscape_trials(path: Path) -> tuple[str, list[dict[str, Any]]]:
+    data = json.loads(path.read_text())
+    if data.get("format") != "depthscope-landscape":
+        raise SystemExit(f"{path}: not a depthscope landscape file")
+    return data["job"]["id"], data["trials"]
 
 
 def _label(trial: dict[str, Any]) -> str:
@@ -93,8 +103,9 @@ def _edges(rows: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
     return flags
 
 
-def answer(url: str, jobs: list[str], reference: str) -> dict[str, Any]:
-    rows = shapes([t for job in jobs for t in _trials(url, job)])
+def answer(trials: list[dict[str, Any]], jobs: list[str], reference: str) -> dict[str, Any]:
+    """The joined answer over `trials`, every trial of the named `jobs`."""
+    rows = shapes(trials)
     variants = sorted({v for v, _ in rows} - {reference})
     pairs = []
     for variant in variants:
@@ -147,11 +158,19 @@ def answer(url: str, jobs: list[str], reference: str) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--jobs", nargs="+", required=True)
+    parser.add_argument("--jobs", nargs="+", default=[])
+    parser.add_argument("--landscapes", nargs="+", type=Path, default=[])
     parser.add_argument("--reference", default="baseline")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    result = answer(args.url, args.jobs, args.reference)
+    if not args.jobs and not args.landscapes:
+        parser.error("name at least one job (--jobs) or landscape file (--landscapes)")
+    jobs, trials = list(args.jobs), [t for job in args.jobs for t in _service_trials(args.url, job)]
+    for path in args.landscapes:
+        job, recorded = _landscape_trials(path)
+        jobs.append(job)
+        trials += recorded
+    result = answer(trials, jobs, args.reference)
     print("shape                 chosen setting (tuning mean)        confirmed mean ± sd")
     for r in result["shapes"]:
         s = r["setting"]

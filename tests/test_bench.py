@@ -375,7 +375,7 @@ def _trial(variant: str, n_layers: int, tuning: dict[float, float], confirm: lis
     }
 
 
-def test_crossover_joined_chooses_over_every_job_and_pairs_by_seed(monkeypatch: Any) -> None:
+def test_crossover_joined_chooses_over_every_job_and_pairs_by_seed(tmp_path: Path) -> None:
     import bench.crossover_joined as joined
     from nas_service.results.analysis import paired_interval
 
@@ -388,8 +388,7 @@ def test_crossover_joined_chooses_over_every_job_and_pairs_by_seed(monkeypatch: 
         # the follow-up: the standard residual at larger rates, 0.04 better on tuning seeds
         "b": [_trial("baseline", 2, {0.02: 2.10, 0.04: 2.05}, [2.04, 2.07, 2.03, 2.05])],
     }
-    monkeypatch.setattr(joined, "_trials", lambda url, job: jobs[job])
-    result = joined.answer("http://unused", ["a", "b"], "baseline")
+    result = joined.answer(jobs["a"] + jobs["b"], ["a", "b"], "baseline")
     base = next(s for s in result["shapes"] if s["variant"] == "baseline")
     assert base["setting"]["lr"] == 0.04 and base["losses"] == [2.04, 2.07, 2.03, 2.05]
     (pair,) = result["pairs"]
@@ -402,3 +401,12 @@ def test_crossover_joined_chooses_over_every_job_and_pairs_by_seed(monkeypatch: 
         "baseline L_b=2: lr 0.04 at the high end",
         "block_attnres L_b=2: lr 0.01 at the low end",
     ]
+    # the same answer from the jobs' landscape files, as bench/landscapes records them
+    files = []
+    for job, trials in jobs.items():
+        files.append(tmp_path / f"{job}.json")
+        landscape = {"format": "depthscope-landscape", "job": {"id": job}, "trials": trials}
+        files[-1].write_text(json.dumps(landscape))
+    out = tmp_path / "joined.json"
+    assert joined.main(["--landscapes", *map(str, files), "--json", str(out)]) == 0
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
