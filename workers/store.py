@@ -155,18 +155,29 @@ class ArtifactStore:
         try:
             size = int(self._fs.size(path))
             if size > max_bytes:
-                raise CheckpointError(
-                    "checkpoint",
-                    f"{key} in {self.url} holds {size} bytes, more than the limit {max_bytes}",
-                )
-            with self._fs.open(path, "rb") as f:
-                data: bytes = f.read(max_bytes + 1)
+                raise self._too_big(key, size, max_bytes)
+            f = self._fs.open(path, "rb")
         except FileNotFoundError as exc:
             raise CheckpointError("checkpoint", f"{key} is not in {self.url}") from exc
         except OSError as exc:
             reason = f"cannot read {key} from {self.url}: {exc}"
             raise CheckpointError("checkpoint", reason) from exc
-        if len(data) > max_bytes:  # it grew between the size and the read
+        with f:
+            return self._read_at_most(f, key, max_bytes)
+
+    def _too_big(self, key: str, size: int, max_bytes: int) -> CheckpointError:
+        reason = f"{key} in {self.url} holds {size} bytes, more than the limit {max_bytes}"
+        return CheckpointError("checkpoint", reason)
+
+    def _read_at_most(self, f: Any, key: str, max_bytes: int) -> bytes:
+        """`f`'s bytes, refused when there are more than `max_bytes` (a file that grew
+        between its size and the read)."""
+        try:
+            data: bytes = f.read(max_bytes + 1)
+        except OSError as exc:
+            reason = f"cannot read {key} from {self.url}: {exc}"
+            raise CheckpointError("checkpoint", reason) from exc
+        if len(data) > max_bytes:
             raise CheckpointError(
                 "checkpoint", f"{key} in {self.url} holds more than the limit of {max_bytes} bytes"
             )
@@ -205,21 +216,9 @@ class ArtifactStore:
             os.close(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError("checkpoint", f"{key} in {self.url} is not a regular file")
-            raise CheckpointError(
-                "checkpoint",
-                f"{key} in {self.url} holds {st.st_size} bytes, more than the limit {max_bytes}",
-            )
+            raise self._too_big(key, st.st_size, max_bytes)
         with os.fdopen(fd, "rb") as f:
-            try:
-                data = f.read(max_bytes + 1)
-            except OSError as exc:
-                reason = f"cannot read {key} from {self.url}: {exc}"
-                raise CheckpointError("checkpoint", reason) from exc
-        if len(data) > max_bytes:  # it grew between the size and the read
-            raise CheckpointError(
-                "checkpoint", f"{key} in {self.url} holds more than the limit of {max_bytes} bytes"
-            )
-        return data
+            return self._read_at_most(f, key, max_bytes)
 
     def exists(self, key: str) -> bool:
         path = self._path(key)

@@ -350,6 +350,18 @@ def test_put_is_atomic_and_replaces(tmp_path: Path) -> None:
     assert store.keys() == ["a/b/c"]  # a write in progress is no key
 
 
+def test_a_remote_store_reads_within_the_limit_only() -> None:
+    store = ArtifactStore(f"memory://limits-{secrets.token_hex(6)}")
+    store.put("j/t/s1", b"12345")
+    assert store.get("j/t/s1", 5) == b"12345"
+    with pytest.raises(CheckpointError) as large:
+        store.get("j/t/s1", 4)
+    assert "holds 5 bytes, more than the limit 4" in large.value.reason
+    with pytest.raises(CheckpointError) as missing:
+        store.get("j/t/s2", 10)
+    assert missing.value.field == "checkpoint" and "is not in" in missing.value.reason
+
+
 def test_store_get_exists_delete_and_keys(tmp_path: Path) -> None:
     store = ArtifactStore(str(tmp_path))
     assert store.keys() == [] and not store.exists("x")
