@@ -79,10 +79,18 @@ LANDSCAPE = next(
     p for p in (LANDSCAPES / "crossover_wsd.json", LANDSCAPES / "crossover.json") if p.exists()
 )
 STRATEGIES = ("grid", "random", "tpe", "nsga2")
+#: `optimum`: the sampler that places shapes by the fitted optimum (`sampler: optimum`).
+SAMPLERS = (*STRATEGIES, "optimum")
 MODES = ("none", "auto", "median", "fidelity")
 #: The spec's `pruner` of each mode (`median`: the raw-step rule, the naive peer of `auto`).
 PRUNER = {"none": "none", "auto": "auto", "median": "median", "fidelity": "auto"}
-OBJECTIVES = {"loss": ["val_loss"], "pareto": ["val_loss", "train_memory_bytes"]}
+#: `optimum`: the loss, measured by how soon the search locates each variant's optimum
+#: d_model/L_b (`bench/optimum_search.py`).
+OBJECTIVES = {
+    "loss": ["val_loss"],
+    "pareto": ["val_loss", "train_memory_bytes"],
+    "optimum": ["val_loss"],
+}
 TOPS = (0.01, 0.05)
 HV_SHARE = 0.95
 REFERENCE = (1.1, 1.1)  # in objectives normalised by the grid's front
@@ -257,10 +265,55 @@ def measure(
     }
 
 
+def measure_optimum(events: list[Any], task: dict[str, Any]) -> dict[str, Any]:
+    """How soon a search locates every variant's loss-optimal d_model/L_b: the compute (share
+    of the grid's) at the first full-budget result after which each variant's fitted optimum
+    lies inside its explored shapes with a 90% interval at most `width` wide in
+    ln(d_model/L_b) (`search.optimum.located`, the rule of `stop: {optimum_interval}`).
+    `located` when every such interval holds the landscape's true optimum; `answered` in
+    either case (a search stops there: an answer that misses the truth is a miss, `wrong`)."""
+    from nas_service.search.optimum import located
+
+    opt, total = task["optimum"], task["ref_compute"]
+    points: dict[str, tuple[list[float], list[float]]] = {}
+    out: dict[str, Any] = {"located": None, "answered": None, "wrong": False, "trials": 0}
+    for e in events:
+        share = e.compute / total
+        if share > task["cap"] * (1 + 1e-9):
+            break
+        if not e.full or e.loss is None:
+            continue
+        out["trials"] += 1
+        variant, ratio = opt["shapes"][str(e.identity["trial"])]
+        ratios, losses = points.setdefault(variant, ([], []))
+        ratios.append(ratio)
+        losses.append(e.loss)
+        fits = located(points, opt["truth"], opt["width"])
+        if fits is not None:
+            out["answered"] = share
+            held = all(
+                f.ci_low is not None
+                and f.ci_high is not None
+                and f.ci_low <= opt["truth"][f.variant] <= f.ci_high
+                for f in fits
+            )
+            out["located"] = share if held else None
+            out["wrong"] = not held
+            out["fits"] = [f.as_dict() for f in fits]
+            break
+    return out
+
+
 def decided(
-    events: list[Any], compute: float, memory: dict[int, float], ref: Reference, task: Any
+    events: list[Any], compute: float, memory: dict[int, float], ref: Reference | None, task: Any
 ) -> bool:
     """Whether the search may stop: past the cap, or its measure known."""
+    if task.get("optimum"):
+        return (
+            compute > task["cap"] * task["ref_compute"]
+            or measure_optimum(events, task)["answered"] is not None
+        )
+    assert ref is not None
     if compute > task["cap"] * ref.compute:
         return True
     m = measure(events, memory, ref, task["cap"])
@@ -297,7 +350,8 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
     specs = dict(zip(map(tuple, task.get("spec_keys", [])), task.get("specs", []), strict=True))
 
     def stop(events: list[Any], compute: float) -> bool:
-        return ref is not None and decided(events, compute, memory, ref, task)
+        measured = ref is not None or bool(task.get("optimum"))
+        return measured and decided(events, compute, memory, ref, task)
 
     if task.get("syne"):
         why = syne_tune(task["mode"])
@@ -318,7 +372,7 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
             stop,
         )
     else:
-        done = _run_depthscope(task, landscape, memory, ref, out)
+        done = _run_depthscope(task, landscape, stop, out)
         if done is None:
             return out
         backend = done
@@ -333,18 +387,14 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
     out["points"] = [point(e) for e in backend.events if e.full and e.loss is not None]
     if task.get("capture"):
         out["specs"] = backend.specs
-    if ref is not None:
+    if task.get("optimum"):
+        out |= measure_optimum(backend.events, task)
+    elif ref is not None:
         out |= measure(backend.events, memory, ref, task["cap"])
     return out
 
 
-def _run_depthscope(
-    task: dict[str, Any],
-    landscape: Any,
-    memory: dict[int, float],
-    ref: Reference | None,
-    out: dict[str, Any],
-) -> Any:
+def _run_depthscope(task: dict[str, Any], landscape: Any, stop: Any, out: dict[str, Any]) -> Any:
     """A search by the real runner on a fresh copy of the template database (its backend;
     None when the runner refused the spec, said in `out`)."""
     from nas_service.jobs import submit
@@ -366,6 +416,8 @@ def _run_depthscope(
     spec = job_spec(landscape, task["strategy"], task["mode"], task["objectives"], task["seed"])
     spec["n_trials"] = task["n_trials"]
     spec["max_concurrent"] = task["workers"]
+    if task.get("optimum") and task["mode"] != "fidelity":  # the service's own stop rule
+        spec["stop"] = {"optimum_interval": task["optimum"]["width"]}
 
     class Stopping(SimulatedBackend):
         seen = 0
@@ -378,9 +430,9 @@ def _run_depthscope(
             return handle
 
         def wait(self, handles: list[Any], timeout_s: float) -> list[Any]:
-            if ref is not None and len(self.events) > self.seen:
+            if len(self.events) > self.seen:
                 self.seen = len(self.events)
-                if decided(self.events, self.compute_spent, memory, ref, task):
+                if stop(self.events, self.compute_spent):
                     raise Decided
             return super().wait(handles, timeout_s)
 
@@ -476,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=float, nargs="+", default=list(TOPS))
     parser.add_argument("--workers", type=int, default=1, help="simulated workers")
     parser.add_argument("--trials", type=int, help="n_trials per search (default: see module)")
-    parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=STRATEGIES)
+    parser.add_argument("--strategies", nargs="*", default=list(STRATEGIES), choices=SAMPLERS)
     parser.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES)
     parser.add_argument("--peers", nargs="*", default=list(PEER_SAMPLERS), choices=PEER_SAMPLERS)
     parser.add_argument(
@@ -490,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         help="Syne Tune schedulers (run where a bench-only install imports, else skipped)",
     )
     parser.add_argument(
-        "--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES)
+        "--objectives", nargs="+", default=["loss", "pareto"], choices=["loss", "pareto"]
     )
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--json", type=Path)

@@ -213,10 +213,12 @@ def generate(
     dlms: tuple[float, ...] = DLMS,
     seeds: int = 5,
     rng_seed: int = 0,
+    variants: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """The surrogate landscape (a `depthscope-landscape` document): the template's job spec
-    over `depths`, lr `lrs` as a study axis and `depth_lr_mult` `dlms` tuned per trial, one
-    trial per architecture holding every setting × `seeds` runs."""
+    over `depths` (and `variants`, default the template's), lr `lrs` as a study axis and
+    `depth_lr_mult` `dlms` tuned per trial, one trial per architecture holding every
+    setting × `seeds` runs."""
     from nas_service.search.pricing import price_candidate
     from nas_service.spec import enumerate_candidates, parse_spec
     from nas_service.spec.space import CandidateSpace
@@ -225,6 +227,10 @@ def generate(
     spec = template.job.spec.model_dump(mode="json")
     spec["name"] = "surrogate"
     spec["space"]["n_layers"] = list(depths)
+    if variants:
+        spec["space"]["variants"] = list(variants)
+        if "block_attnres" not in variants:
+            spec["space"]["block_sizes"] = None
     spec["training"]["lr"] = list(lrs)
     spec["tune"] = (spec.get("tune") or {}) | {"depth_lr_mult": list(dlms), "lr": None}
     spec["seeds"] = seeds
@@ -317,7 +323,7 @@ def generate(
         "study_name": "depthscope-surrogate",
         "spec": spec,
     }
-    return {
+    doc = {
         "format": "depthscope-landscape",
         "version": 1,
         "job": job,
@@ -325,8 +331,11 @@ def generate(
         "trials": trials,
         "generator": model.as_dict()
         | {"depths": list(depths), "lrs": list(lrs), "dlms": list(dlms), "seeds": seeds}
+        | {"variants": spec["space"]["variants"]}
         | {"rng_seed": rng_seed},
     }
+    doc["generator"]["optimum"] = true_optimum(model, doc)
+    return doc
 
 
 def true_optimum(model: Model, landscape: dict[str, Any]) -> dict[str, dict[str, float]]:
@@ -360,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", type=int, nargs="+", default=list(DEPTHS))
     ap.add_argument("--lrs", type=float, nargs="+", default=list(LRS))
     ap.add_argument("--dlms", type=float, nargs="+", default=list(DLMS))
+    ap.add_argument("--variants", nargs="+", help="default: the recorded landscape's")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--rng-seed", type=int, default=0)
     ap.add_argument("--folds", type=int, default=4)
@@ -381,13 +391,14 @@ def main(argv: list[str] | None = None) -> int:
         tuple(args.dlms),
         args.seeds,
         args.rng_seed,
+        tuple(args.variants) if args.variants else None,
     )
     args.out.write_text(json.dumps(doc, separators=(",", ":")))
     points = sum(
         len({(r["setting"]["lr"], r["setting"]["depth_lr_mult"]) for r in t["train"]})
         for t in doc["trials"]
     )
-    best = true_optimum(model, doc)
+    best = doc["generator"]["optimum"]
     print(
         f"fitted to {len(runs)} runs of {args.recorded.name}; seed noise from "
         f"{args.noise_from.name}"

@@ -17,6 +17,9 @@ import numpy as np
 
 from nas_service.store.records import TrialAttr
 
+#: |ln(d_model/L_b)| beyond which a fitted vertex is no shape (e^700 is near float's limit)
+MAX_LN_RATIO = 700.0
+
 #: A column of numbers: a sequence or a 1-D array (read with np.asarray).
 Floats = Sequence[float] | np.ndarray
 
@@ -115,6 +118,14 @@ def fit_optimum(
         fit.message = "the loss does not curve upwards around the explored shapes"
         return fit
     x_star = -b / (2 * a)
+    if not -MAX_LN_RATIO <= x_star <= MAX_LN_RATIO:  # almost flat: e^x* is no float
+        side = "below" if x_star < 0 else "above"
+        fit.verdict = "at_edge"
+        fit.message = (
+            f"the fit is almost flat: its minimum lies far {side} the explored d_model/L_b "
+            f"range [{r.min():.3g}, {r.max():.3g}]: widen the space"
+        )
+        return fit
     fit.optimum_ratio = float(math.exp(x_star))
     fit.fitted_loss = float(a * x_star**2 + b * x_star + c)
     stars, downwards = _vertex_draws(x, y, bootstrap, seed)
@@ -128,7 +139,10 @@ def fit_optimum(
         )
     elif len(stars):
         lo, hi = np.quantile(stars, [(1 - level) / 2, 1 - (1 - level) / 2])
-        fit.ci_low, fit.ci_high = float(math.exp(lo)), float(math.exp(hi))
+        if lo >= -MAX_LN_RATIO and hi <= MAX_LN_RATIO:
+            fit.ci_low, fit.ci_high = float(math.exp(lo)), float(math.exp(hi))
+        else:
+            notes.append("the interval reaches beyond any width or depth: unbounded")
     if not x.min() <= x_star <= x.max():
         fit.verdict = "at_edge"
         side = "below" if x_star < x.min() else "above"
@@ -158,3 +172,21 @@ def shape_points(
         ratios.append(arch["d_model"] / arch["n_layers"])
         losses.append(t.values[loss_index])
     return points
+
+
+def located(
+    points: dict[str, tuple[list[float], list[float]]], variants: Iterable[str], width: float
+) -> list[OptimumFit] | None:
+    """Each variant's fit when every one of `variants` has its optimum inside the explored
+    shapes (`ok`) with a 90% interval at most `width` wide in ln(d_model/L_b); else None.
+    The rule of `stop: {optimum_interval}` (`search.scheduler`), and of the benchmark that
+    measures how soon a search meets it (`bench/search_efficiency.py`)."""
+    fits = []
+    for variant in variants:
+        fit = fit_optimum(variant, *points.get(variant, ([], [])))
+        if fit.verdict != "ok" or fit.ci_low is None or fit.ci_high is None:
+            return None
+        if math.log(fit.ci_high / fit.ci_low) > width:
+            return None
+        fits.append(fit)
+    return fits

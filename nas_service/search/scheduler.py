@@ -29,7 +29,7 @@ from typing import Any
 import optuna
 
 from nas_service.search.fidelity import bracket_of
-from nas_service.search.optimum import fit_optimum, shape_points
+from nas_service.search.optimum import located, shape_points
 from nas_service.search.pruning import FractionMedianPruner
 from nas_service.search.rungs import (
     Ladder,
@@ -162,20 +162,14 @@ def optimum_located(spec: JobSpec, completed: Sequence[optuna.trial.FrozenTrial]
     assert spec.stop is not None
     width = spec.stop.optimum_interval
     points = shape_points(completed, spec.objectives.index(LOSS))
-    located = []
-    for variant in spec.space.variants:
-        fit = fit_optimum(variant, *points.get(variant, ([], [])))
-        if fit.verdict != "ok" or fit.ci_low is None or fit.ci_high is None:
-            return None
-        ln_width = math.log(fit.ci_high / fit.ci_low)
-        if ln_width > width:
-            return None
-        located.append(
-            f"{variant} {fit.optimum_ratio:.3g} [{fit.ci_low:.3g}, {fit.ci_high:.3g}] "
-            f"(ln-width {ln_width:.2f})"
-        )
+    fits = located(points, spec.space.variants, width)
+    if fits is None:
+        return None
     return f"every variant's optimum d_model/L_b is located to ln-width ≤ {width:g}: " + "; ".join(
-        located
+        f"{fit.variant} {fit.optimum_ratio:.3g} [{fit.ci_low:.3g}, {fit.ci_high:.3g}] "
+        f"(ln-width {math.log(fit.ci_high / fit.ci_low):.2f})"
+        for fit in fits
+        if fit.ci_low and fit.ci_high
     )
 
 

@@ -183,6 +183,18 @@ def test_optimum_outside_the_space_is_at_the_edge() -> None:
     assert "above" in fit.message and fit.optimum_ratio > 40
 
 
+def test_an_almost_flat_fit_is_at_the_edge_not_an_overflow() -> None:
+    # a curvature of 1e-12 puts the vertex at x ≈ 5e9: e^x is no float (a search once
+    # crashed here, fitting shapes as they finished)
+    ratios = np.array([10.0, 20.0, 40.0, 80.0, 160.0])
+    x = np.log(ratios)
+    fit = fit_optimum("x", ratios, 2.0 - 0.01 * x + 1e-12 * x**2)
+    assert fit.verdict == "at_edge" and fit.optimum_ratio is None
+    assert "far above" in fit.message and fit.ci_low is None and fit.ci_high is None
+    flat = fit_optimum("x", ratios, 2.0 + 0.01 * x + 1e-12 * x**2)
+    assert flat.verdict == "at_edge" and "far below" in flat.message
+
+
 def test_optimum_needs_three_shapes_and_a_minimum() -> None:
     assert fit_optimum("x", [10, 10, 20], [2.0, 2.1, 1.9]).verdict == "too_few_shapes"
     ratios = np.array([10.0, 20.0, 40.0, 80.0])
