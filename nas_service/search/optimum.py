@@ -20,6 +20,12 @@ from nas_service.store.records import TrialAttr
 #: |ln(d_model/L_b)| beyond which a fitted vertex is no shape (e^700 is near float's limit)
 MAX_LN_RATIO = 700.0
 
+#: The fewest trained shapes (points) per variant on which `located` may say "located": six
+#: leave three degrees of freedom beyond the quadratic's three coefficients. On fewer, a fit
+#: that happens to pass close to its points has a tiny scatter and a narrow interval, and a
+#: search that stops at the first narrow interval would stop on it (`docs/search.md`).
+LOCATED_MIN_POINTS = 6
+
 #: A column of numbers: a sequence or a 1-D array (read with np.asarray).
 Floats = Sequence[float] | np.ndarray
 
@@ -178,12 +184,16 @@ def located(
     points: dict[str, tuple[list[float], list[float]]], variants: Iterable[str], width: float
 ) -> list[OptimumFit] | None:
     """Each variant's fit when every one of `variants` has its optimum inside the explored
-    shapes (`ok`) with a 90% interval at most `width` wide in ln(d_model/L_b); else None.
+    shapes (`ok`) with a 90% interval at most `width` wide in ln(d_model/L_b), fitted on at
+    least `LOCATED_MIN_POINTS` points; else None.
     The rule of `stop: {optimum_interval}` (`search.scheduler`), and of the benchmark that
     measures how soon a search meets it (`bench/search_efficiency.py`)."""
     fits = []
     for variant in variants:
-        fit = fit_optimum(variant, *points.get(variant, ([], [])))
+        ratios, losses = points.get(variant, ([], []))
+        if len(ratios) < LOCATED_MIN_POINTS:
+            return None
+        fit = fit_optimum(variant, ratios, losses)
         if fit.verdict != "ok" or fit.ci_low is None or fit.ci_high is None:
             return None
         if math.log(fit.ci_high / fit.ci_low) > width:

@@ -85,6 +85,19 @@ def test_an_optimum_at_the_edge_or_with_too_few_shapes_never_stops_the_job() -> 
     assert optimum_located(spec, []) is None
 
 
+def test_a_fit_of_few_points_never_stops_the_job_however_narrow() -> None:
+    # five shapes on the truth to a thousandth: the interval is narrow, but one or two
+    # degrees of freedom beyond the quadratic say little about the scatter, and a search
+    # that stops at the first narrow interval of so few points is often wrong
+    spec = _spec(10.0)
+    five = _trials("baseline", SHAPES[1:6], noise=0.001, seed=3)
+    fit = fit_optimum("baseline", [d / n for n, d in SHAPES[1:6]], [t.values[0] for t in five])
+    assert fit.verdict == "ok" and fit.ci_low is not None and fit.ci_high is not None
+    assert math.log(fit.ci_high / fit.ci_low) < 10.0
+    assert optimum_located(spec, five) is None
+    assert optimum_located(spec, five + _trials("baseline", SHAPES[:1], 0.001, 4)) is not None
+
+
 def test_every_variant_must_be_located() -> None:
     spec = _spec(10.0, ["baseline", "block_attnres"])
     located = _trials("baseline", SHAPES, noise=0.01)
