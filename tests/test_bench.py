@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -270,6 +271,56 @@ def test_search_best_pruned_is_the_space_best_point() -> None:
 
 
 @pytest.mark.postgres
+def _optimum_task(truth: float) -> dict[str, Any]:
+    """Ten shapes of one variant, d_model/L_b 2 … 1024 (trial i at 2^(i+1))."""
+    shapes = {str(i): ("v", 2.0 ** (i + 1)) for i in range(10)}
+    optimum = {"width": 1.5, "truth": {"v": truth}, "shapes": shapes}
+    return {"optimum": optimum, "ref_compute": 100.0, "cap": 1.0}
+
+
+def test_search_optimum_is_located_only_by_an_interval_that_holds_the_truth() -> None:
+    from bench.search_efficiency import decided, measure_optimum
+
+    # loss = (x − ln 32)² / 10 exactly: the fit's vertex is 32, its interval narrow
+    def at(i: int, compute: float) -> _Event:
+        x = math.log(2.0 ** (i + 1))
+        return _Event(compute, i, 2.0 + (x - math.log(32.0)) ** 2 / 10 + 1e-4 * (-1) ** i)
+
+    events = [at(i, 10.0 * (k + 1)) for k, i in enumerate([0, 9, 4, 2, 7, 6, 1])]
+    right = measure_optimum(events, _optimum_task(32.0))
+    # six points at least before an answer: located at the sixth result (60% of the grid)
+    assert right["answered"] == right["located"] == 0.6 and not right["wrong"]
+    assert right["trials"] == 6
+    assert decided(events, 60.0, {}, None, _optimum_task(32.0))
+    assert not decided(events[:5], 50.0, {}, None, _optimum_task(32.0))
+    wrong = measure_optimum(events, _optimum_task(500.0))  # the same answer, another truth
+    assert wrong["answered"] == 0.6 and wrong["located"] is None and wrong["wrong"]
+    capped = measure_optimum(events, _optimum_task(32.0) | {"cap": 0.5})
+    assert capped["answered"] is None and capped["located"] is None
+
+
+def test_optimum_search_bench_runs(tmp_path: Path) -> None:
+    out = tmp_path / "optimum.json"
+    run = subprocess.run(
+        [
+            *(sys.executable, "bench/optimum_search.py", "--seeds", "2", "--processes", "1"),
+            *("--strategies", "optimum", "--peers", "grid", "--peer-pruners", "none", "--syne"),
+            *("--json", str(out)),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(out.read_text())
+    assert set(result["summary"]) == {"optimum/none", "grid/fidelity", "optuna-grid/none"}
+    assert 10 < result["true_optimum"] < 30  # Full AttnRes's fitted optimum, inside its shapes
+    for r in result["runs"]:
+        assert r["answered"] is None or r["trials"] >= 6
+    assert "→ located" in run.stdout
+
+
 def test_scale_bench_runs(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     run_bench(
