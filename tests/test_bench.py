@@ -299,6 +299,7 @@ def test_search_optimum_is_located_only_by_an_interval_that_holds_the_truth() ->
     assert capped["answered"] is None and capped["located"] is None
 
 
+@pytest.mark.slow
 def test_optimum_search_bench_runs(tmp_path: Path) -> None:
     out = tmp_path / "optimum.json"
     run = subprocess.run(
