@@ -322,6 +322,36 @@ def test_optimum_search_bench_runs(tmp_path: Path) -> None:
     assert "→ located" in run.stdout
 
 
+@pytest.mark.slow
+def test_tabular_bench_ranks_by_true_mean_and_runs_the_services_sampler(tmp_path: Path) -> None:
+    import optuna
+
+    from bench import tabular
+
+    name = "nasbench201/cifar10"
+    bench = tabular.table(name)
+    top, size = tabular.top_set(name, 0.01)
+    assert size == 5**6 and len(top) == 157  # ceil(1% of 15,625 cells)
+    # the top set holds the cells of best mean accuracy over their recorded seeds
+    accuracy = {k: sum(v["val_acc"]) / len(v["val_acc"]) for k, v in bench._dataset.items()}
+    assert min(accuracy[k] for k in top) >= max(a for k, a in accuracy.items() if k not in top)
+    # depthscope's samplers are the service's own (make_sampler on a spec), the peer differs
+    tpe = tabular.make_sampler("depthscope-tpe", 3)
+    assert isinstance(tpe, optuna.samplers.TPESampler) and tpe._multivariate
+    assert not tabular.make_sampler("optuna-tpe-univariate", 3)._multivariate
+    assert isinstance(tabular.make_sampler("depthscope-random", 3), optuna.samplers.RandomSampler)
+    out = tmp_path / "tabular.json"
+    args = ["--seeds", "3", "--cap", "30", "--processes", "1", "--benchmarks", name]
+    assert tabular.main([*args, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    runs = result["runs"]
+    assert len(runs) == 9 and all(r["reached"] is None or 1 <= r["reached"] <= 30 for r in runs)
+    # a search that never reaches the top set within the cap is a miss, not a figure
+    row = result["summary"][name]["samplers"]["depthscope-random"]
+    missed = sum(r["reached"] is None for r in runs if r["sampler"] == "depthscope-random")
+    assert row["missed"] == missed
+
+
 def test_scale_bench_runs(tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     run_bench(
