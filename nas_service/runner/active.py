@@ -122,24 +122,28 @@ class ActiveJobs:
 
     def started(self, job_id: str, message: str) -> None:
         """A pending job runs now."""
-        with self.Session.begin() as s:
-            row = s.get(Job, job_id)
-            assert row is not None
-            row.status, row.started_at = JobStatus.RUNNING, dt.datetime.now(dt.UTC)
-            row.events.append(JobEvent(kind=EventKind.STARTED, message=message))
-        self.relist()
+        self._moved(job_id, JobStatus.RUNNING, EventKind.STARTED, message)
 
     def completed(self, job_id: str, done: int, answered: str | None = None) -> None:
         """Every trial of the job is counted, or (`answered`: why) its question is answered
         before `n_trials`; the job is forgotten."""
         message = f"{done} trials" + (f"; stopped early: {answered}" if answered else "")
+        self._moved(job_id, JobStatus.COMPLETED, EventKind.COMPLETED, message)
+        self.forget(job_id)
+
+    def _moved(self, job_id: str, status: JobStatus, kind: EventKind, message: str) -> None:
+        """The job's new status, stamped (started or finished), with its event."""
         with self.Session.begin() as s:
             row = s.get(Job, job_id)
             assert row is not None
-            row.status, row.finished_at = JobStatus.COMPLETED, dt.datetime.now(dt.UTC)
-            row.events.append(JobEvent(kind=EventKind.COMPLETED, message=message))
+            row.status = status
+            now = dt.datetime.now(dt.UTC)
+            if status == JobStatus.RUNNING:
+                row.started_at = now
+            else:
+                row.finished_at = now
+            row.events.append(JobEvent(kind=kind, message=message))
         self.relist()
-        self.forget(job_id)
 
     def failed(self, job_id: str, reason: str) -> None:
         """The job failed with `reason` (if it is still active); it is forgotten."""
