@@ -38,10 +38,8 @@ imports, over the same training specs with the same accounting.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import math
-import multiprocessing
 import shutil
 import statistics
 import sys
@@ -53,7 +51,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import surrogate
-from bench.search_efficiency import _json_finite, _pct, median_interval, run_search
+from bench.search_efficiency import _json_finite, _pct, in_processes, median_interval, run_search
 from bench.search_peers import SYNE_SCHEDULERS
 
 DEPTHS = tuple(range(2, 17))
@@ -197,9 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in args.syne
             for k in range(args.seeds)
         ]
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(args.processes, mp_context=ctx) as pool:
-            rows = list(pool.map(run_search, tasks))
+        rows = in_processes(run_search, tasks, args.processes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - started

@@ -451,6 +451,13 @@ def _run_depthscope(task: dict[str, Any], landscape: Any, stop: Any, out: dict[s
     return backend
 
 
+def in_processes(fn: Any, tasks: list[dict[str, Any]], processes: int) -> list[Any]:
+    """`fn` over `tasks` in `processes` fresh (spawned) processes, results in task order."""
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=ctx) as pool:
+        return list(pool.map(fn, tasks))
+
+
 def _rank(v: list[float], p: float) -> float:
     return v[round(p * (len(v) - 1))]
 
@@ -629,9 +636,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in (args.syne if "loss" in args.objectives else [])
             for k in range(args.seeds)
         ]
-        ctx = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(args.processes, mp_context=ctx) as pool:
-            rows = list(pool.map(run_search, tasks))
+        rows = in_processes(run_search, tasks, args.processes)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - started

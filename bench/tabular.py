@@ -30,12 +30,10 @@ seeds: the median with a 95% bootstrap interval of the median, and the misses.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import functools
 import importlib
 import json
 import math
-import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -43,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.search_efficiency import _json_finite, median_interval
+from bench.search_efficiency import _json_finite, in_processes, median_interval
 
 BENCHMARKS = (
     "nasbench201/cifar10",
@@ -160,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.samplers
         for k in range(args.seeds)
     ]
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(args.processes, mp_context=ctx) as pool:
-        rows = list(pool.map(run, tasks, chunksize=max(1, args.seeds // 4)))
+    rows = in_processes(run, tasks, args.processes)
     wall = time.perf_counter() - started
     summary: dict[str, dict[str, Any]] = {}
     for b in args.benchmarks:
