@@ -2,7 +2,7 @@
 (`docs/study.md`): a follow-up job that widens one variant's training grid joins the first.
 
     python bench/crossover_joined.py [--url URL --jobs JOB ...] [--landscapes FILE ...]
-        [--reference baseline] [--json FILE]
+        [--reference baseline] [--json FILE] [--plot-compare PNG] [--plot-optimum PNG]
 
 The jobs are read from a running service (`--url`, `--jobs`) or from their landscape files
 (`depthscope export JOB --out FILE`, as recorded in `bench/landscapes/`), or both.
@@ -31,8 +31,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from nas_service.results.analysis import paired_interval
-from nas_service.search.optimum import fit_optimum
+from nas_service.results.analysis import paired_interval, plot_compare, plot_optimum
+from nas_service.search.optimum import Floats, fit_optimum
 
 
 def _service_trials(url: str, job: str) -> list[dict[str, Any]]:
@@ -162,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--landscapes", nargs="+", type=Path, default=[])
     parser.add_argument("--reference", default="baseline")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot-compare", type=Path, help="the paired differences by depth")
+    parser.add_argument("--plot-optimum", type=Path, help="confirmed loss against d_model/L_b")
     args = parser.parse_args(argv)
     if not args.jobs and not args.landscapes:
         parser.error("name at least one job (--jobs) or landscape file (--landscapes)")
@@ -199,7 +201,37 @@ def main(argv: list[str] | None = None) -> int:
     print("\nwiden:", "; ".join(result["widen"]) or "none")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if args.plot_compare:
+        plot_compare(_compare_answer(result), str(args.plot_compare))
+    if args.plot_optimum:
+        data: dict[str, tuple[Floats, Floats]] = {
+            v: (
+                [r["d_model"] / r["n_layers"] for r in result["shapes"] if r["variant"] == v],
+                [r["confirmed_mean"] for r in result["shapes"] if r["variant"] == v],
+            )
+            for v in result["optima"]
+        }
+        plot_optimum(
+            data, {v: fit_optimum(v, *xy) for v, xy in data.items()}, str(args.plot_optimum)
+        )
     return 0
+
+
+def _compare_answer(result: dict[str, Any]) -> dict[str, Any]:
+    """The joined pairs in the shape of the service's `compare` answer, for its plot."""
+    variants = sorted({p["variant"] for p in result["pairs"]})
+    return {
+        "reference": result["reference"],
+        "level": 0.95,
+        "crossover": [
+            {
+                "variant": v,
+                "by_depth": [p for p in result["pairs"] if p["variant"] == v],
+                "crossover_sublayers": None,
+            }
+            for v in variants
+        ],
+    }
 
 
 if __name__ == "__main__":
