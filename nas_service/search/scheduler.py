@@ -158,7 +158,8 @@ def optimum_located(spec: JobSpec, completed: Sequence[optuna.trial.FrozenTrial]
     """Whether every variant of the space has its loss-optimal d_model/L_b inside the explored
     shapes with a 90% interval at most `stop.optimum_interval` wide in ln(d_model/L_b), fitted
     as the results fit it (`search.optimum.fit_optimum` on each trial's scored loss, one point
-    per trained architecture); the message saying so, else None."""
+    per trained architecture, six points at least: `search.optimum.located`); the message
+    saying so, else None."""
     assert spec.stop is not None
     width = spec.stop.optimum_interval
     points = shape_points(completed, spec.objectives.index(LOSS))
