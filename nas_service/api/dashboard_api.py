@@ -291,7 +291,7 @@ def table(
     # references); the page is built on each request and never kept (see `queries.trial_page`)
     rows = results.memoised(key, ordered)
     return TrialList(
-        items=[TrialRead.model_validate(r.as_dict()) for r in rows[offset : offset + limit]],
+        items=[r.read for r in rows[offset : offset + limit]],
         total=len(rows),
         limit=limit,
         offset=offset,

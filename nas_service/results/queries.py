@@ -234,7 +234,7 @@ def job_page(
 
 
 def _trial(row: TrialRow, curve: bool = False) -> TrialRead:
-    return TrialRead.model_validate(row.as_dict(curve))
+    return TrialRead.model_validate(row.as_dict(True)) if curve else row.read
 
 
 @dataclass(frozen=True)

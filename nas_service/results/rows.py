@@ -14,7 +14,13 @@ from nas_service.search.numbers import finite_or_none as _loss_or_none
 from nas_service.search.numbers import is_finite
 from nas_service.spec.space import encode_residual
 from nas_service.store import TrialOutcome, TrialStatus
-from nas_service.store.records import ConfirmRecord, RungRecord, SettingRecord, TrainRun
+from nas_service.store.records import (
+    ConfirmRecord,
+    RungRecord,
+    SettingRecord,
+    TrainRun,
+    TrialRead,
+)
 
 #: A training setting as a hashable key (its items sorted).
 SettingKey = tuple[tuple[str, float], ...]
@@ -125,6 +131,14 @@ class TrialRow:
         if not self.arch:
             return ("trial", self.number, self.budget)
         return (tuple(sorted((k, _hashable(v)) for k, v in self.arch.items())), self.budget)
+
+    @functools.cached_property
+    def read(self) -> TrialRead:
+        """The row as the API shows it, without its curve: validated once, on the first page or
+        front that shows it (a row is never changed: a refresh builds a new one for a trial
+        that changed), so polling clients do not validate the same rows again and again. At
+        most one per row: bounded by the table, not by what clients ask."""
+        return TrialRead.model_validate(self.as_dict())
 
     def as_dict(self, curve: bool = False) -> dict[str, Any]:
         out = {

@@ -181,3 +181,22 @@ def test_a_large_first_load_is_frozen_out_of_the_cycle_collector(
     assert len(cache.get("s", ["val_loss"]).rows) == 302
     assert gc.get_freeze_count() <= frozen and gc.isenabled()  # some were freed since
     gc.unfreeze()
+
+
+def test_a_rows_shown_read_is_built_once_and_a_changed_trial_shows_anew(tmp_path: Path) -> None:
+    """A row's API read is validated once (pollers of one page share it); a trial that
+    changes gets a new row at the refresh, so its read shows the change, never the old one."""
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.add_trial(optuna.trial.create_trial(value=1.0))
+    running = study.ask()
+    cache = ResultsCache(storage)
+    first = cache.get("s", ["val_loss"])
+    done, pending = first.rows
+    assert done.read is done.read  # built once
+    assert pending.read.state == "running" and pending.read.values is None
+    study.tell(running, 0.5)
+    done2, finished = cache.get("s", ["val_loss"]).rows
+    assert done2 is done  # a finished trial's row (and its read) is kept
+    assert finished.read.state == "complete" and finished.read.values == [0.5]
+    assert pending.read.state == "running"  # the old row is unchanged, only replaced
