@@ -7,8 +7,9 @@ absent, or `--landscape`).
 
     python bench/search_efficiency.py [--seeds 20] [--cap 1.0] [--top 0.01 0.05]
         [--strategies grid random tpe nsga2] [--modes none auto median fidelity]
-        [--peers grid random tpe nsga2] [--peer-pruners sha hyperband none] [--syne asha bohb]
-        [--objectives loss pareto] [--workers 1] [--processes 2] [--json FILE]
+        [--peers grid random tpe nsga2] [--peer-pruners sha hyperband none]
+        [--syne asha bohb moasha] [--objectives loss pareto] [--workers 1] [--processes 2]
+        [--json FILE]
 
 The space: the landscape's 12 architectures (3 variants × 4 depths at its parameter target)
 × `training.lr` × `training.depth_lr_mult` as choices of the recorded values: 108 grid
@@ -18,7 +19,8 @@ TPE, NSGA-II, each with `pruner: none`, `auto` (the default), `median` (the raw-
 earlier versions) and multi-fidelity (`fidelity`: rungs 1/9, 1/3, 1, η = 3). The peers
 (`optuna-<sampler>/<pruner>`) are Optuna studies the benchmark drives itself over the same
 training specs on the same backend; `syne-tune/<scheduler>` are Syne Tune 0.16's ASHA and
-BOHB (`syne_tune.optimizer.baselines`, as shipped) driven the same way, run where a bench-only
+BOHB (`syne_tune.optimizer.baselines`) for the loss and MOASHA for both objectives, as
+shipped, driven the same way, run where a bench-only
 install imports (`.bench-peers/`, see `bench/search_peers.py`), else reported not available
 with the import error. A mode the runner refuses, or a fidelity mode in which
 no run trained shorter, is reported "not available".
@@ -65,6 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.search_peers import (
     PEER_PRUNERS,
     PEER_SAMPLERS,
+    SYNE_OBJECTIVES,
     SYNE_SCHEDULERS,
     point_key,
     run_peer,
@@ -358,7 +361,9 @@ def run_search(task: dict[str, Any]) -> dict[str, Any]:
         if why is not None:
             out["refused"] = why
             return out
-        backend = run_syne(landscape, specs, task["mode"], task["seed"], task["n_trials"], stop)
+        backend = run_syne(
+            landscape, specs, task["mode"], task["seed"], task["n_trials"], stop, memory
+        )
     elif task.get("peer"):
         backend = run_peer(
             landscape,
@@ -631,9 +636,10 @@ def main(argv: list[str] | None = None) -> int:
         tasks += [
             base
             | peer
-            | {"syne": True, "strategy": "syne-tune", "mode": m, "objectives": "loss", "seed": k}
-            | {"n_trials": trials("")}
-            for m in (args.syne if "loss" in args.objectives else [])
+            | {"syne": True, "strategy": "syne-tune", "mode": m, "seed": k}
+            | {"objectives": SYNE_OBJECTIVES[m], "n_trials": trials("")}
+            for m in args.syne
+            if SYNE_OBJECTIVES[m] in args.objectives
             for k in range(args.seeds)
         ]
         rows = in_processes(run_search, tasks, args.processes)

@@ -144,7 +144,9 @@ def run_peer(
 #: Where a bench-only install of Syne Tune lives (git-ignored; never a project dependency):
 #: `pip install --target .bench-peers --no-deps syne-tune==0.16.0 dill`.
 SYNE_PATH = Path(__file__).resolve().parents[1] / ".bench-peers"
-SYNE_SCHEDULERS = ("asha", "bohb")
+SYNE_SCHEDULERS = ("asha", "bohb", "moasha")
+#: The objectives each Syne Tune scheduler searches: MOASHA the two (loss, memory), the rest loss.
+SYNE_OBJECTIVES = {"asha": "loss", "bohb": "loss", "moasha": "pareto"}
 
 
 def syne_tune(scheduler: str) -> str | None:
@@ -155,7 +157,10 @@ def syne_tune(scheduler: str) -> str | None:
         baselines = importlib.import_module("syne_tune.optimizer.baselines")
         if scheduler == "bohb":  # its KDE searcher needs statsmodels and scipy
             importlib.import_module("syne_tune.optimizer.schedulers.searchers.kde.kde_searcher")
-        getattr(baselines, scheduler.upper())
+        if scheduler == "moasha":
+            importlib.import_module("syne_tune.optimizer.schedulers.multiobjective.moasha")
+        else:
+            getattr(baselines, scheduler.upper())
     except Exception as exc:  # any import failure: the peer is skipped, said so
         return f"Syne Tune {scheduler.upper()} is not importable ({type(exc).__name__}: {exc})"
     return None
@@ -168,11 +173,15 @@ def run_syne(
     seed: int,
     n_trials: int,
     stop: Any,
+    memory: dict[int, float] | None = None,
 ) -> Any:
-    """One Syne Tune search (ASHA or BOHB from `syne_tune.optimizer.baselines`, their
-    defaults: grace period 1, η = 3, one bracket; random search resp. KDE under it), driven
-    here one trial at a time: each evaluation is a result at `epoch` k of the run's n
-    (`max_t` = n), a STOP cancels the run. Returns the `SimulatedBackend`."""
+    """One Syne Tune search (ASHA or BOHB from `syne_tune.optimizer.baselines`, or MOASHA over
+    val_loss and train_memory_bytes; their defaults: grace period 1, η = 3, one bracket;
+    random search, KDE resp. non-dominated sorting under it), driven here one trial at a
+    time: each evaluation is a result at `epoch` k of the run's n (`max_t` = n), a STOP
+    cancels the run. MOASHA runs as shipped: 0.16's `NonDominatedPriority` returns a sort
+    order that `Bracket.on_result` reads as one priority per result, so it mis-ranks the
+    results it keeps. Returns the `SimulatedBackend`."""
     from datetime import datetime
 
     syne_tune(scheduler)  # its path on sys.path
@@ -191,15 +200,27 @@ def run_syne(
     first = next(iter(specs.values()))
     probe = SimulatedBackend(landscape, workers=1).launch(first)
     n_evals = sum(isinstance(item, EvalPoint) for _, item in probe.items)
-    cls = getattr(baselines, scheduler.upper())
-    sched = cls(
-        config_space={"shape": choice(shapes), "lr": choice(lrs), "depth_lr_mult": choice(mults)},
-        metric="val_loss",
-        time_attr="epoch",
-        max_t=n_evals,
-        do_minimize=True,
-        random_seed=seed,
-    )
+    space = {"shape": choice(shapes), "lr": choice(lrs), "depth_lr_mult": choice(mults)}
+    both = scheduler == "moasha"
+    if both:
+        moasha = importlib.import_module("syne_tune.optimizer.schedulers.multiobjective.moasha")
+        sched = moasha.MOASHA(
+            config_space=space,
+            metrics=["val_loss", "train_memory_bytes"],
+            time_attr="epoch",
+            max_t=n_evals,
+            do_minimize=True,
+            random_seed=seed,
+        )
+    else:
+        sched = getattr(baselines, scheduler.upper())(
+            config_space=space,
+            metric="val_loss",
+            time_attr="epoch",
+            max_t=n_evals,
+            do_minimize=True,
+            random_seed=seed,
+        )
     backend = SimulatedBackend(landscape, workers=1)
     for number in range(n_trials):
         suggestion = sched.suggest()
@@ -210,19 +231,21 @@ def run_syne(
         sched.on_trial_add(trial)
         key = (config["shape"], float(config["lr"]), float(config["depth_lr_mult"]))
         handle = backend.launch(specs[key])
+        extra = {"train_memory_bytes": (memory or {}).get(handle.identity.get("trial"), 0.0)}
         k, result = 0, None
         while True:
             backend.wait([handle], 60.0)
             item = backend.next_item(handle)
             if isinstance(item, EvalPoint):
                 k += 1
-                result = {"val_loss": item.val_loss, "epoch": k}
+                result = {"val_loss": item.val_loss, "epoch": k} | (extra if both else {})
                 if k < n_evals and sched.on_trial_result(trial, result) == stop_decision:
                     backend.cancel(handle)
                     sched.on_trial_remove(trial)
                     break
             elif isinstance(item, TrainResult) and math.isfinite(item.final_val_loss):
-                sched.on_trial_complete(trial, {"val_loss": item.final_val_loss, "epoch": k})
+                final = {"val_loss": item.final_val_loss, "epoch": k} | (extra if both else {})
+                sched.on_trial_complete(trial, final)
                 break
             else:
                 sched.on_trial_error(trial)

@@ -368,14 +368,35 @@ def test_search_peer_that_does_not_import_is_reported_not_run() -> None:
     import importlib.util
 
     from bench.search_efficiency import TOPS, summarise
-    from bench.search_peers import syne_tune
+    from bench.search_peers import SYNE_PATH, syne_tune
 
-    if importlib.util.find_spec("statsmodels") is not None:
+    if importlib.util.find_spec("statsmodels") is not None or (SYNE_PATH / "statsmodels").is_dir():
         pytest.skip("statsmodels is installed here: Syne Tune's BOHB may import")
     why = syne_tune("bohb")
     assert why is not None and "BOHB is not importable" in why
     row = summarise([{"refused": why, "mode": "bohb"}], TOPS)
     assert row == {"available": False, "why": why}
+
+
+def test_search_moasha_peer_searches_both_objectives(tmp_path: Path) -> None:
+    """Syne Tune's MOASHA, where the bench-only install imports: a two-objective row, its
+    runs capped like every other (it is skipped, said so, where it does not import)."""
+    from bench.search_peers import syne_tune
+
+    if (why := syne_tune("moasha")) is not None:
+        pytest.skip(why)
+    out = tmp_path / "mo.json"
+    run_bench(
+        "bench/search_efficiency.py",
+        *("--seeds", "2", "--cap", "0.3", "--objectives", "pareto", "--strategies"),
+        *("--peers", "--syne", "moasha", "--processes", "1", "--json", str(out)),
+    )
+    result = json.loads(out.read_text())
+    row = result["summary"]["pareto"]["syne-tune/moasha"]
+    assert row["available"]
+    runs = [r for r in result["runs"] if r["strategy"] == "syne-tune"]
+    assert len(runs) == 2 and all(r["objectives"] == "pareto" for r in runs)
+    assert all(0 < r["compute"] <= 0.3 * result["reference"]["compute"] * 1.3 for r in runs)
 
 
 def test_search_optuna_grid_peer_survives_an_exhausted_grid() -> None:
