@@ -141,8 +141,10 @@ ParetoDep = Annotated[ParetoAsk, Depends(_pareto_ask)]
 
 
 @router.get("/{job_id}/pareto", response_model=ParetoRead, responses=JOB_ERRORS)
-def pareto(job_id: str, session: SessionDep, cache: ResultsDep, ask: ParetoDep) -> ParetoRead:
-    return queries.pareto(session, cache, job_id, ask)
+def pareto(job_id: str, session: SessionDep, cache: ResultsDep, ask: ParetoDep) -> Response:
+    """Sent as encoded once per state of the study (`queries.pareto_json`); `response_model`
+    documents it."""
+    return Response(queries.pareto_json(session, cache, job_id, ask), media_type="application/json")
 
 
 @router.get("/{job_id}/optimum", response_model=OptimumRead, responses=JOB_ERRORS)

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 
 from cost_model import Variant
@@ -282,7 +283,23 @@ class ParetoAsk:
 
 def pareto(session: Session, cache: ResultsCache, job_id: str, ask: ParetoAsk) -> ParetoRead:
     """The non-dominated trials `ask` asks for, memoised per study state."""
+    return _pareto(job_results(cache, job_row(session, cache, job_id)), ask)
+
+
+def pareto_json(session: Session, cache: ResultsCache, job_id: str, ask: ParetoAsk) -> bytes:
+    """`pareto` as the API sends it (the bytes FastAPI's own encoding of `ParetoRead` gives),
+    encoded once per study state: a front's pollers read the same answer again and again."""
     results = job_results(cache, job_row(session, cache, job_id))
+    key = ("pareto.json", ask.metrics, ask.variant, ask.profile)
+    return results.memoised(
+        key, lambda: _PARETO_JSON.dump_json(_pareto(results, ask), by_alias=True)
+    )
+
+
+_PARETO_JSON = TypeAdapter(ParetoRead)
+
+
+def _pareto(results: JobResults, ask: ParetoAsk) -> ParetoRead:
     metrics, variant, profile = list(ask.metrics), ask.variant, ask.profile
 
     def answer() -> ParetoRead:

@@ -164,6 +164,17 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
     fresh = client.app.state.settings.results_fresh_s  # type: ignore[attr-defined]
     time.sleep(fresh + 0.05)  # read again at most `results_fresh_s` later
     assert client.get(f"/v1/jobs/{job['id']}/trials", params={"limit": 1}).json()["total"] == 305
+    # the front is sent as encoded once per state of the study: the new trials are in it,
+    # in the bytes FastAPI's own encoding of the documented schema gives
+    again = client.get(f"/v1/jobs/{job['id']}/pareto", params=metrics | {"profile": "false"})
+    assert again.json()["n_candidates"] == 305
+    assert again.headers["content-type"] == "application/json"
+    from pydantic import TypeAdapter
+
+    from nas_service.results.reads import ParetoRead
+
+    schema = TypeAdapter(ParetoRead)
+    assert again.content == schema.dump_json(schema.validate_json(again.content))
     page = client.get(
         f"/v1/jobs/{job['id']}/trials", params={"variant": "block_attnres", "state": "complete"}
     ).json()
