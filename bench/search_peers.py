@@ -142,7 +142,8 @@ def run_peer(
 
 
 #: Where a bench-only install of Syne Tune lives (git-ignored; never a project dependency):
-#: `pip install --target .bench-peers --no-deps syne-tune==0.16.0 dill`.
+#: `pip install --target .bench-peers --no-deps syne-tune==0.16.0 dill` (and, for BOHB's KDE
+#: searcher, `statsmodels patsy scipy pandas`).
 SYNE_PATH = Path(__file__).resolve().parents[1] / ".bench-peers"
 SYNE_SCHEDULERS = ("asha", "bohb", "moasha")
 #: The objectives each Syne Tune scheduler searches: MOASHA the two (loss, memory), the rest loss.
