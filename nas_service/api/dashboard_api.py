@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Response
 
 from cost_model import METRICS, VARIANTS
 from cost_model.hardware import PRESETS
@@ -265,7 +265,7 @@ def table(
     d_model: ShapeQuery = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 50,
     offset: Offset = 0,
-) -> TrialList:
+) -> Response:
     """A page of the job's trials (but those lost to a crash), filtered by state, variant
     (bare or labelled) and shape, sorted by `sort` (trials without the value last)."""
     results = queries.job_results(cache, queries.job_row(session, cache, job_id))
@@ -288,14 +288,10 @@ def table(
         return known + missing
 
     # the sorted rows once per state of the study (the table's own rows, a list of
-    # references); the page is built on each request and never kept (see `queries.trial_page`)
+    # references); the page is assembled on each request from its rows' encoded reads
     rows = results.memoised(key, ordered)
-    return TrialList(
-        items=[r.read for r in rows[offset : offset + limit]],
-        total=len(rows),
-        limit=limit,
-        offset=offset,
-    )
+    page = queries.page_json(rows[offset : offset + limit], len(rows), limit, offset, False)
+    return Response(page, media_type="application/json")
 
 
 @router.get("/jobs/{job_id}/trials/{number}", response_model=TrialRead, responses=JOB_ERRORS)

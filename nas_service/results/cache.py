@@ -206,12 +206,17 @@ SIZE_SAMPLE = 64
 def table_bytes(rows: list[TrialRow]) -> int:
     """An estimate of the memory a table's rows hold: the size of up to `SIZE_SAMPLE` rows
     spread over the table, scaled to all of them (a row's size is mostly its curve and its
-    training summary, alike across a job)."""
+    training summary, alike across a job), each with the bytes of its encoded read."""
     if not rows:
         return 0
     step = max(1, len(rows) // SIZE_SAMPLE)
     sample = rows[::step]
-    measured = sum(approx_bytes(vars(r), 1 << 62) for r in sample)
+    # with each row's encoded read (`TrialRow.read_json`), as if every row had been shown
+    measured = sum(
+        approx_bytes({k: v for k, v in vars(r).items() if k != "read_json"}, 1 << 62)
+        + sys.getsizeof(r.read_json)
+        for r in sample
+    )
     return int(measured / len(sample) * len(rows)) + sys.getsizeof(rows)
 
 

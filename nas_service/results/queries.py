@@ -46,10 +46,9 @@ from nas_service.results.reads import (
     RungProgress,
     ScalingRead,
     SensitivityRead,
-    TrialList,
     TrialRead,
 )
-from nas_service.results.rows import TrialRow
+from nas_service.results.rows import TrialRow, encode
 from nas_service.search.scheduler import scheduler_for
 from nas_service.search.study import runs_of
 from nas_service.spec import CandidateSpace, JobSpec, decode_residual
@@ -235,7 +234,15 @@ def job_page(
 
 
 def _trial(row: TrialRow, curve: bool = False) -> TrialRead:
-    return TrialRead.model_validate(row.as_dict(True)) if curve else row.read
+    return row.read(curve)
+
+
+def page_json(rows: list[TrialRow], total: int, limit: int, offset: int, curve: bool) -> bytes:
+    """A `TrialList` as the API sends it (the bytes FastAPI's own encoding gives), from each
+    row's encoded read (`TrialRow.read_json`; a page with curves is encoded afresh)."""
+    items = [encode(r.read(True)) if curve else r.read_json for r in rows]
+    tail = f'],"total":{total},"limit":{limit},"offset":{offset}}}'.encode()
+    return b'{"items":[' + b",".join(items) + tail
 
 
 @dataclass(frozen=True)
@@ -250,7 +257,8 @@ class TrialsAsk:
     offset: int = 0
 
 
-def trial_page(session: Session, cache: ResultsCache, job_id: str, ask: TrialsAsk) -> TrialList:
+def trial_page(session: Session, cache: ResultsCache, job_id: str, ask: TrialsAsk) -> bytes:
+    """A page of the job's trials as the API sends it (`page_json`)."""
     results = job_results(cache, job_row(session, cache, job_id))
     state, variant, curve, limit, offset = ask.state, ask.variant, ask.curve, ask.limit, ask.offset
 
@@ -266,9 +274,7 @@ def trial_page(session: Session, cache: ResultsCache, job_id: str, ask: TrialsAs
     # pages would otherwise fill the memory with them
     rows = results.memoised(("trials", state, variant), matching)
     page = rows[offset : offset + limit]
-    return TrialList(
-        items=[_trial(r, curve) for r in page], total=len(rows), limit=limit, offset=offset
-    )
+    return page_json(page, len(rows), limit, offset, curve)
 
 
 @dataclass(frozen=True)

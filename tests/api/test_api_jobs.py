@@ -175,6 +175,23 @@ def test_analysis_over_stored_trials_and_incremental_refresh(
 
     schema = TypeAdapter(ParetoRead)
     assert again.content == schema.dump_json(schema.validate_json(again.content))
+    # a page of trials is assembled from each row's encoded read: the same bytes, with or
+    # without curves, on the API's page and on the dashboard's table
+    from nas_service.results.reads import TrialList
+
+    pages = TypeAdapter(TrialList)
+    for path, params in (
+        ("trials", {"limit": 7, "offset": 3}),
+        ("trials", {"limit": 2, "curve": "true"}),
+        ("trials", {"limit": 5, "offset": 400}),  # past the end: no items
+    ):
+        got = client.get(f"/v1/jobs/{job['id']}/{path}", params=params)
+        assert got.status_code == 200 and got.headers["content-type"] == "application/json"
+        assert got.content == pages.dump_json(pages.validate_json(got.content))
+    table = client.get(f"/v1/jobs/{job['id']}/table", params={"limit": 4})
+    assert table.status_code == 200, table.text
+    assert table.content == pages.dump_json(pages.validate_json(table.content))
+    assert len(table.json()["items"]) == 4 and table.json()["total"] == 305
     page = client.get(
         f"/v1/jobs/{job['id']}/trials", params={"variant": "block_attnres", "state": "complete"}
     ).json()

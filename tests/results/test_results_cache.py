@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 from pathlib import Path
@@ -183,9 +184,11 @@ def test_a_large_first_load_is_frozen_out_of_the_cycle_collector(
     gc.unfreeze()
 
 
-def test_a_rows_shown_read_is_built_once_and_a_changed_trial_shows_anew(tmp_path: Path) -> None:
-    """A row's API read is validated once (pollers of one page share it); a trial that
-    changes gets a new row at the refresh, so its read shows the change, never the old one."""
+def test_a_rows_shown_read_is_encoded_once_and_a_changed_trial_shows_anew(
+    tmp_path: Path,
+) -> None:
+    """A row's API read is encoded once (pollers of one page share it); a trial that changes
+    gets a new row at the refresh, so its read shows the change, never the old one."""
     storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
     study = optuna.create_study(study_name="s", storage=storage)
     study.add_trial(optuna.trial.create_trial(value=1.0))
@@ -193,10 +196,30 @@ def test_a_rows_shown_read_is_built_once_and_a_changed_trial_shows_anew(tmp_path
     cache = ResultsCache(storage)
     first = cache.get("s", ["val_loss"])
     done, pending = first.rows
-    assert done.read is done.read  # built once
-    assert pending.read.state == "running" and pending.read.values is None
+    assert done.read_json is done.read_json  # encoded once
+    shown = json.loads(pending.read_json)
+    assert shown["state"] == "running" and shown["values"] is None
     study.tell(running, 0.5)
     done2, finished = cache.get("s", ["val_loss"]).rows
-    assert done2 is done  # a finished trial's row (and its read) is kept
-    assert finished.read.state == "complete" and finished.read.values == [0.5]
-    assert pending.read.state == "running"  # the old row is unchanged, only replaced
+    assert done2 is done  # a finished trial's row (and its encoded read) is kept
+    now = json.loads(finished.read_json)
+    assert now["state"] == "complete" and now["values"] == [0.5]
+    assert json.loads(pending.read_json)["state"] == "running"  # the old row is only replaced
+
+
+def test_a_tables_size_counts_its_rows_encoded_reads(tmp_path: Path) -> None:
+    """The cache's memory bound counts each row's encoded read, shown or not: a table whose
+    rows were all shown is not larger than its estimate said."""
+    from nas_service.results.cache import table_bytes
+
+    storage = optuna_storage(f"sqlite:///{tmp_path / 'r.db'}")
+    study = optuna.create_study(study_name="s", storage=storage)
+    study.add_trials([optuna.trial.create_trial(value=float(k)) for k in range(200)])
+    rows = ResultsCache(storage).get("s", ["val_loss"]).rows
+    unshown = [r for r in rows if "read_json" not in vars(r)]
+    assert unshown, "the estimate encodes a sample of the rows, not all of them"
+    before = table_bytes(rows)
+    for r in rows:
+        assert r.read_json
+    assert table_bytes(rows) == before  # counted the same, shown or not
+    assert before >= sum(len(r.read_json) for r in rows)
